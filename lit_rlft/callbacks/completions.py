@@ -1,0 +1,56 @@
+"""CompletionLogger: sample completions (prompt, completion, reward) as TensorBoard text every N steps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_only
+
+
+class CompletionLogger(L.Callback):
+    """Write a markdown table of ``num_samples`` completions to the logger every ``every_n_steps`` steps.
+
+    Example::
+
+        trainer = L.Trainer(callbacks=[CompletionLogger(every_n_steps=20, num_samples=8)])
+
+    Args:
+        every_n_steps: rollout steps between two tables (the first step is always logged).
+        num_samples: rows per table: the first completion of each of the first groups.
+        max_chars: completions are cut to this many characters.
+    """
+
+    def __init__(self, every_n_steps: int = 20, num_samples: int = 8, max_chars: int = 400):
+        if every_n_steps < 1:
+            raise ValueError(f"CompletionLogger: every_n_steps must be >= 1, got {every_n_steps}")
+        self.every_n_steps, self.num_samples, self.max_chars = every_n_steps, num_samples, max_chars
+
+    @rank_zero_only
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        step = pl_module.rollout_step - 1
+        if step % self.every_n_steps or not outputs or "rollouts" not in outputs:
+            return
+        text = self.table(outputs["rollouts"])
+        for logger in trainer.loggers:
+            experiment = getattr(logger, "experiment", None)
+            if hasattr(experiment, "add_text"):
+                experiment.add_text("completions", text, global_step=step)
+
+    def table(self, rollouts: Any) -> str:
+        G = rollouts.group_size
+        rows = ["| prompt | completion | reward | replayed |", "|---|---|---|---|"]
+        for b in range(min(self.num_samples, rollouts.num_groups)):  # the first completion of each group
+            i = b * G
+            prompt = _cell(rollouts.prompts[b], self.max_chars) if rollouts.prompts else ""
+            rows.append(
+                f"| {prompt} | {_cell(rollouts.completions[i], self.max_chars)} | "
+                f"{float(rollouts.rewards.view(-1)[i]):.3f} | {bool(rollouts.is_replay[b])} |"
+            )
+        return "\n".join(rows)
+
+
+def _cell(text: str, limit: int) -> str:
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return "`" + text.replace("|", "\\|").replace("\n", " ⏎ ").replace("`", "'") + "`"

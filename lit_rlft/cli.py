@@ -1,0 +1,43 @@
+"""``lit-rlft``: the command line.
+
+    lit-rlft fit --config configs/countdown_tiny.yaml          # GRPO (LightningCLI: fit | validate)
+    lit-rlft fit --config configs/countdown_tiny.yaml --print_config
+    lit-rlft sft --config configs/sft_countdown_tiny.yaml      # supervised warm start, saves an HF checkpoint
+"""
+
+from __future__ import annotations
+
+import sys
+
+from lightning.pytorch.cli import LightningCLI
+
+from lit_rlft.data.datamodule import PromptDataModule
+from lit_rlft.module import GRPOModule
+from lit_rlft.sft import SFTDataModule, SFTModule
+
+_CLI_KWARGS = dict(save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False)
+
+
+def grpo_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
+    """GRPO through LightningCLI (``fit`` / ``validate`` subcommands when ``run``)."""
+    return LightningCLI(GRPOModule, PromptDataModule, args=args, run=run, **_CLI_KWARGS)
+
+
+def sft_cli(args: list[str] | None = None) -> LightningCLI:
+    """Supervised warm start: ``lit-rlft sft --config ...`` runs ``fit`` of :class:`SFTModule`."""
+    return LightningCLI(SFTModule, SFTDataModule, args=["fit", *(args or [])], **_CLI_KWARGS)
+
+
+_COMMANDS = {"sft": sft_cli}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in _COMMANDS:
+        _COMMANDS[argv[0]](argv[1:])
+        return
+    grpo_cli(argv)
+
+
+if __name__ == "__main__":
+    main()

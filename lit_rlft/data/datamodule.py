@@ -1,0 +1,186 @@
+"""PromptDataModule: a pool of prompts (file, HF data set or generated task), its batch plan, and rendering.
+
+The train loader yields step tokens only (see :mod:`lit_rlft.data.plan`); the module resolves prompts through
+:meth:`PromptDataModule.prompt_tokens` and :meth:`PromptDataModule.reward_columns` when the step runs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from lit_rlft.data.plan import BatchPlan
+from lit_rlft.data.pool import PromptPool, build_pool
+from lit_rlft.data.sources import load_records
+from lit_rlft.data.tasks import Task
+from lit_rlft.data.templates import render_prompt
+
+Split = Literal["train", "val"]
+
+
+class _StepTokens(Dataset):
+    """``length`` integer tokens: one per training step of an epoch."""
+
+    def __init__(self, length: int):
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+class PromptDataModule(L.LightningDataModule):
+    """Prompts for GRPO.
+
+    Args:
+        train: a local ``.jsonl`` / ``.json`` / ``.parquet`` file, a directory (``datasets.save_to_disk`` or
+            ``<split>.jsonl``), an HF hub name, or a generated task (``CountdownTask``, ``ArithmeticTask``).
+        val: the held-out prompts, same forms; ``None`` disables validation.
+        train_split: split name when ``train`` is a directory or hub name.
+        val_split: split name for ``val``.
+        prompt_field: the field holding the prompt (question) text.
+        answer_field: the field passed to reward functions as ``answer`` (``None``: no answer).
+        columns: other fields passed to reward functions (``None``: all).
+        template: ``str.format`` template over a row's fields building the prompt, e.g. ``"Q: {question}\\nA:"``.
+        chat_template: render prompts with the tokenizer's chat template.
+        system_prompt: system message (chat template) or first line (plain prompts).
+        prompt_prefix: text before the prompt (plain prompts only).
+        prompt_suffix: text after the prompt (plain prompts only).
+        batch_size: prompts per training step (``B``); each is rolled out ``num_generations`` times.
+        val_batch_size: prompts per validation batch.
+        val_size: use only the first ``val_size`` validation prompts (``None``: all).
+        max_prompt_length: prompts longer than this many tokens are rejected before training.
+        seed: seed of the default uniform batch order.
+    """
+
+    def __init__(
+        self,
+        train: str | Task,
+        val: str | Task | None = None,
+        train_split: str = "train",
+        val_split: str = "test",
+        prompt_field: str = "prompt",
+        answer_field: str | None = "answer",
+        columns: list[str] | None = None,
+        template: str | None = None,
+        chat_template: bool = False,
+        system_prompt: str | None = None,
+        prompt_prefix: str = "",
+        prompt_suffix: str = "",
+        batch_size: int = 32,
+        val_batch_size: int = 128,
+        val_size: int | None = None,
+        max_prompt_length: int = 1024,
+        seed: int = 0,
+    ):
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"data.batch_size must be >= 1, got {batch_size}")
+        self.train_source, self.val_source = train, val
+        self.train_split, self.val_split = train_split, val_split
+        self.fields = dict(prompt_field=prompt_field, answer_field=answer_field, columns=columns, template=template)
+        self.render = dict(
+            chat_template=chat_template, system_prompt=system_prompt, prefix=prompt_prefix, suffix=prompt_suffix
+        )
+        self.batch_size, self.val_batch_size, self.val_size = batch_size, val_batch_size, val_size
+        self.max_prompt_length = max_prompt_length
+        self.seed = seed
+        self.tokenizer: Any = None
+        self.train_pool: PromptPool | None = None
+        self.val_pool: PromptPool | None = None
+        self.plan: BatchPlan | None = None
+        self._token_cache: dict[tuple[str, int], list[int]] = {}
+        self._pending_state: dict[str, Any] | None = None
+
+    # -- building the pools -------------------------------------------------------------------------------
+    def _load(self, source: str | Task, split: str) -> PromptPool:
+        records = source.records() if isinstance(source, Task) else load_records(source, split=split)
+        return build_pool(records, **self.fields)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_pool is None and stage in (None, "fit"):
+            self.train_pool = self._load(self.train_source, self.train_split)
+            self.plan = BatchPlan(len(self.train_pool), self.batch_size, seed=self.seed)
+            if self._pending_state is not None:
+                self.plan.load_state_dict(self._pending_state)
+                self._pending_state = None
+        if self.val_pool is None and self.val_source is not None:
+            pool = self._load(self.val_source, self.val_split)
+            if self.val_size is not None:
+                pool = pool.subset(np.arange(min(self.val_size, len(pool))))
+            self.val_pool = pool
+
+    def set_tokenizer(self, tokenizer: Any) -> None:
+        """Attach the policy's tokenizer (the module calls this in its ``setup``)."""
+        self.tokenizer = tokenizer
+        self._token_cache.clear()
+
+    def pool(self, split: Split) -> PromptPool:
+        pool = self.train_pool if split == "train" else self.val_pool
+        if pool is None:
+            raise RuntimeError(f"PromptDataModule: no {split} pool (call setup first, or give data.val)")
+        return pool
+
+    # -- what the module asks for -------------------------------------------------------------------------
+    def prompt_texts(self, ids: np.ndarray, split: Split = "train") -> list[str]:
+        """Rendered prompt strings for pool ids ``[b]``."""
+        pool = self.pool(split)
+        return [render_prompt(pool.prompts[i], self.tokenizer, **self.render) for i in pool.index_of(ids)]
+
+    def prompt_tokens(self, ids: np.ndarray, split: Split = "train") -> list[list[int]]:
+        """Tokenised prompts for pool ids ``[b]`` (cached per id)."""
+        if self.tokenizer is None:
+            raise RuntimeError("PromptDataModule: no tokenizer attached (the module attaches it in setup)")
+        out = []
+        missing = [int(i) for i in ids if (split, int(i)) not in self._token_cache]
+        if missing:
+            texts = self.prompt_texts(np.asarray(missing), split)
+            add_special = not self.render["chat_template"]
+            enc = self.tokenizer(texts, add_special_tokens=add_special)["input_ids"]
+            for i, toks, text in zip(missing, enc, texts):
+                if len(toks) > self.max_prompt_length:
+                    raise ValueError(
+                        f"{self.pool(split).origins[int(self.pool(split).index_of([i])[0])]}: prompt has {len(toks)} "
+                        f"tokens, more than data.max_prompt_length={self.max_prompt_length}: {text[:80]!r}..."
+                    )
+                self._token_cache[(split, i)] = list(toks)
+        for i in ids:
+            out.append(self._token_cache[(split, int(i))])
+        return out
+
+    def reward_columns(self, ids: np.ndarray, split: Split = "train") -> dict[str, list[Any]]:
+        """The data set's columns for pool ids ``[b]`` (one entry per prompt), for reward functions."""
+        pool = self.pool(split)
+        return pool.rows(pool.index_of(ids))
+
+    # -- loaders ------------------------------------------------------------------------------------------
+    def steps_per_epoch(self) -> int:
+        return math.ceil(len(self.pool("train")) / self.batch_size)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(_StepTokens(self.steps_per_epoch()), batch_size=None, shuffle=False)
+
+    def val_dataloader(self) -> DataLoader | list:
+        if self.val_pool is None:
+            return []  # no held-out prompts: validation is skipped
+        ids = torch.as_tensor(self.pool("val").ids)
+        return DataLoader(ids, batch_size=self.val_batch_size, shuffle=False)
+
+    # -- checkpointing ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"plan": self.plan.state_dict()} if self.plan is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "plan" not in state:
+            return
+        if self.plan is None:
+            self._pending_state = state["plan"]
+        else:
+            self.plan.load_state_dict(state["plan"])

@@ -1,0 +1,67 @@
+"""Loading a policy (any HF causal LM path, or the tiny offline model) and wrapping it with LoRA."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from lit_rlft.models.tiny import TinyConfig, char_tokenizer, tiny_qwen2
+
+TINY = "tiny"
+
+
+@dataclass
+class LoRAConfig:
+    """LoRA adapters through peft. The reference policy (for ``beta > 0``) is the base with adapters disabled."""
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: list[str] | str = field(default_factory=lambda: "all-linear")
+
+    def __post_init__(self) -> None:
+        if self.r < 1:
+            raise ValueError(f"lora.r must be >= 1, got {self.r}")
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_policy(
+    name_or_path: str, dtype: str = "float32", tiny: TinyConfig | None = None, **kwargs: Any
+) -> tuple[nn.Module, Any]:
+    """Return ``(model, tokenizer)``.
+
+    ``name_or_path`` is an HF checkpoint directory or hub name, or ``"tiny"`` for a freshly initialised tiny
+    Qwen2 with the character tokenizer (``tiny`` sets its size).
+    """
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    if name_or_path == TINY:
+        tok = char_tokenizer()
+        return tiny_qwen2(tok, tiny).to(_DTYPES[dtype]), tok
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(name_or_path)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=_DTYPES[dtype], **kwargs)
+    return model, tok
+
+
+def apply_lora(model: nn.Module, lora: LoRAConfig) -> nn.Module:
+    """Wrap ``model`` with peft LoRA adapters; only adapter parameters stay trainable."""
+    from peft import LoraConfig, get_peft_model
+
+    cfg = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, cfg)

@@ -1,0 +1,61 @@
+"""The rollout engine protocol: token ids in; completions, behaviour log-probs and finish reasons out.
+
+Engines are deliberately small so that an HF engine (sharing the trainer's model) and a vLLM engine (its own
+copy of the weights, synced after each optimizer step) are interchangeable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+from torch import Tensor, nn
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass
+class SamplingConfig:
+    """How completions are sampled (TRL / vLLM names)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        if self.temperature <= 0:
+            raise ValueError(f"sampling.temperature must be > 0 (greedy decoding is not a policy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.top_k < 0:
+            raise ValueError(f"sampling.top_k must be >= 0 (0 = off), got {self.top_k}")
+
+
+@dataclass
+class GenerationOutput:
+    """``N = len(prompts) * num_generations`` completions, grouped per prompt (rows ``b*G .. b*G+G-1``)."""
+
+    completion_ids: Tensor  # [N, L] long, right-padded with pad_id
+    completion_mask: Tensor  # [N, L] long, 1 on generated tokens (EOS included)
+    logprobs: Tensor  # [N, L] float32, log-probs of the distribution actually sampled from
+    finish_reasons: list[FinishReason]  # [N]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.completion_mask.sum())
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the training module needs from a generator."""
+
+    def generate(self, prompts: list[list[int]], num_generations: int, sampling: SamplingConfig) -> GenerationOutput:
+        """Sample ``num_generations`` completions for each tokenised prompt (no padding in ``prompts``)."""
+        ...
+
+    def sync_weights(self, model: nn.Module) -> None:
+        """Make the engine sample from ``model``'s current weights (no-op for engines that share the model)."""
+        ...

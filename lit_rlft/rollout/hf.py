@@ -1,0 +1,83 @@
+"""HFEngine: batched sampling with the trainer's own HF model (``model.generate`` with KV cache)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from lit_rlft.core.types import pad_to
+from lit_rlft.rollout.base import FinishReason, GenerationOutput, SamplingConfig
+
+
+class HFEngine:
+    """Sample with the policy itself. Shares the model, so ``sync_weights`` has nothing to do.
+
+    Args:
+        model: a ``transformers`` causal LM (possibly a peft model).
+        pad_token_id: id used to pad prompts (left) and completions (right).
+        eos_token_id: generation stops at this id; it is part of the completion (and of the loss).
+        max_batch_size: sequences per ``generate`` call, to bound memory (``None`` = all at once).
+    """
+
+    def __init__(self, model: nn.Module, pad_token_id: int, eos_token_id: int, max_batch_size: int | None = None):
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.eos_token_id = eos_token_id
+        self.max_batch_size = max_batch_size
+
+    def sync_weights(self, model: nn.Module) -> None:
+        self.model = model
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], num_generations: int, sampling: SamplingConfig) -> GenerationOutput:
+        rows = [p for p in prompts for _ in range(num_generations)]  # N prompts, grouped
+        chunk = self.max_batch_size or len(rows)
+        parts = [self._generate_chunk(rows[i : i + chunk], sampling) for i in range(0, len(rows), chunk)]
+        length = max(p[0].shape[1] for p in parts)
+        ids = torch.cat([pad_to(p[0], length, self.pad_token_id) for p in parts])
+        mask = torch.cat([pad_to(p[1], length, 0) for p in parts])
+        logprobs = torch.cat([pad_to(p[2], length, 0.0) for p in parts])
+        reasons: list[FinishReason] = [r for p in parts for r in p[3]]
+        return GenerationOutput(ids, mask, logprobs, reasons)
+
+    def _generate_chunk(
+        self, rows: list[list[int]], sampling: SamplingConfig
+    ) -> tuple[Tensor, Tensor, Tensor, list[FinishReason]]:
+        device = next(self.model.parameters()).device
+        p_len = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), p_len), self.pad_token_id, dtype=torch.long)
+        attn = torch.zeros((len(rows), p_len), dtype=torch.long)
+        for i, r in enumerate(rows):  # left padding
+            input_ids[i, p_len - len(r) :] = torch.tensor(r, dtype=torch.long)
+            attn[i, p_len - len(r) :] = 1
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            out = self.model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attn.to(device),
+                do_sample=True,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k or None,
+                max_new_tokens=sampling.max_new_tokens,
+                eos_token_id=self.eos_token_id,
+                pad_token_id=self.pad_token_id,
+                output_scores=True,
+                return_dict_in_generate=True,
+                use_cache=True,
+            )
+        finally:
+            self.model.train(was_training)
+        completion = out.sequences[:, p_len:].cpu()  # [n, L]
+        # Processed scores = the distribution actually sampled from (temperature, top-p applied).
+        scores = torch.stack(out.scores, dim=1).float().cpu()  # [n, L, V]
+        logprobs = torch.log_softmax(scores, dim=-1).gather(-1, completion.unsqueeze(-1)).squeeze(-1)
+        is_eos = completion == self.eos_token_id
+        # Tokens after the first EOS are padding added by generate.
+        after_eos = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
+        mask = (~after_eos).long()
+        logprobs = torch.where(mask.bool(), logprobs, torch.zeros_like(logprobs))
+        completion = torch.where(mask.bool(), completion, torch.full_like(completion, self.pad_token_id))
+        reasons: list[FinishReason] = ["stop" if e else "length" for e in is_eos.any(dim=1).tolist()]
+        return completion, mask, logprobs, reasons

@@ -1,0 +1,135 @@
+"""GRPOModule: one step changes every trainable parameter, LoRA trains adapters only, log-probs agree with
+sampling, validation metrics, checkpoints keep the budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lit_rlft.models.loading import LoRAConfig
+from tests.conftest import countdown_dm, tiny_module, tiny_trainer
+
+
+def _snapshot(module):
+    return {n: p.detach().clone() for n, p in module.policy.named_parameters() if p.requires_grad}
+
+
+def _force_learning_signal(monkeypatch, module):
+    """Random rewards so every group has non-zero variance and every parameter gets a gradient."""
+    gen = torch.Generator().manual_seed(0)
+
+    def fake(completions, columns):
+        from lit_rlft.rewards.runner import RewardResult
+
+        total = torch.randint(0, 2, (len(completions),), generator=gen).float()
+        total[0::2] = 1 - total[1::2]  # guarantee both outcomes in every pair
+        return RewardResult(total=total, per_func={"fake": total}, num_errors=0, num_timeouts=0, num_unscored=0)
+
+    monkeypatch.setattr(module, "rewards", _Wrap(fake, module.rewards))
+
+
+class _Wrap:
+    def __init__(self, fn, runner):
+        self.fn, self.totals = fn, runner.totals
+
+    def __call__(self, completions, columns):
+        return self.fn(completions, columns)
+
+
+def test_one_step_changes_every_trainable_parameter(tmp_path, monkeypatch):
+    module = tiny_module()
+    _force_learning_signal(monkeypatch, module)
+    before = _snapshot(module)
+    tiny_trainer(tmp_path, max_steps=1).fit(module, datamodule=countdown_dm())
+    after = _snapshot(module)
+    unchanged = [n for n in before if torch.equal(before[n], after[n])]
+    assert not unchanged, f"parameters not updated: {unchanged}"
+
+
+def test_lora_trains_only_adapters(tmp_path, monkeypatch):
+    module = tiny_module(lora=LoRAConfig(r=4, alpha=8))
+    _force_learning_signal(monkeypatch, module)
+    all_before = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
+    trainable = {n for n, p in module.policy.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    # lora_B starts at zero, so lora_A gets no gradient on the first step: after two steps both have moved.
+    tiny_trainer(tmp_path, max_steps=2).fit(module, datamodule=countdown_dm())
+    for n, p in module.policy.named_parameters():
+        changed = not torch.equal(all_before[n], p.detach())
+        assert changed == (n in trainable), n
+
+
+def test_training_logprobs_match_sampling_logprobs():
+    """The training forward (left padding, position ids) reproduces the engine's behaviour log-probs."""
+    module = tiny_module(temperature=0.7, max_completion_length=6)
+    dm = countdown_dm()
+    dm.setup("fit")
+    dm.set_tokenizer(module.tokenizer)
+    ids = np.arange(4)
+    prompts = dm.prompt_tokens(ids)
+    out = module.engine.generate(prompts, 3, module.sampling)
+    from lit_rlft.core.types import Rollouts
+
+    G = 3
+    p_len = max(len(p) for p in prompts)
+    p_tok = torch.zeros((4, p_len), dtype=torch.long)
+    p_mask = torch.zeros((4, p_len), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        p_tok[i, p_len - len(p):] = torch.tensor(p)
+        p_mask[i, p_len - len(p):] = 1
+    roll = Rollouts(
+        prompt_ids=torch.as_tensor(ids), prompt_tokens=p_tok.repeat_interleave(G, 0),
+        prompt_mask=p_mask.repeat_interleave(G, 0), completion_tokens=out.completion_ids,
+        completion_mask=out.completion_mask, rewards=torch.zeros(4, G), correct=torch.zeros(4, G, dtype=torch.bool),
+        birth_step=torch.zeros(4, dtype=torch.long), is_replay=torch.zeros(4, dtype=torch.bool),
+        truncated=torch.zeros(12, dtype=torch.bool),
+    )
+    with torch.no_grad():
+        lp, _ = module.sequence_logprobs(module.policy, roll, torch.arange(12))
+    m = out.completion_mask.bool()
+    assert torch.allclose(lp[m], out.logprobs[m], atol=1e-4)
+
+
+def test_validation_reports_accuracy_by_difficulty(tmp_path):
+    module = tiny_module(eval_num_generations=2)
+    dm = countdown_dm(val=True)
+    trainer = tiny_trainer(tmp_path)
+    trainer.validate(module, datamodule=dm, verbose=False)
+    keys = set(module.last_eval)
+    assert "val/accuracy" in keys and "val/pass@2" in keys
+    assert any(k.startswith("val/accuracy/difficulty_") for k in keys)
+    assert module.budget.completions == 0  # evaluation is not charged to the training budget
+
+
+def test_budget_counts_every_rollout_and_survives_checkpoint(tmp_path):
+    module = tiny_module()
+    trainer = tiny_trainer(tmp_path, max_steps=2)
+    trainer.fit(module, datamodule=countdown_dm(batch_size=4))
+    assert module.budget.prompts == 8 and module.budget.completions == 32
+    assert module.budget.tokens > 0 and module.budget.generation_s > 0
+    ckpt = {}
+    module.on_save_checkpoint(ckpt)
+    fresh = tiny_module()
+    fresh.on_load_checkpoint(ckpt)
+    assert fresh.budget.completions == 32 and fresh.rollout_step == 2
+
+
+@pytest.mark.parametrize(
+    "kwargs, option",
+    [({"num_generations": 1}, "num_generations"), ({"reward_funcs": []}, "reward_funcs"),
+     ({"num_iterations": 0}, "num_iterations"), ({"temperature": 0.0}, "temperature"),
+     ({"loss_type": "dr_grpo", "epsilon": -1.0}, "epsilon"),
+     ({"reward_weights": [1.0, 2.0]}, "reward_weights")],
+)
+def test_bad_configuration_names_the_option(kwargs, option):
+    with pytest.raises(ValueError, match=option):
+        tiny_module(**kwargs)
+
+
+def test_several_iterations_and_mini_batches(tmp_path):
+    """num_iterations x num_mini_batches optimizer steps per rollout step; max_steps counts optimizer steps."""
+    module = tiny_module(num_iterations=2, num_mini_batches=2, micro_batch_size=3)
+    trainer = tiny_trainer(tmp_path, max_steps=4)
+    trainer.fit(module, datamodule=countdown_dm())
+    assert trainer.global_step == 4 and module.rollout_step == 1
