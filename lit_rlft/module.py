@@ -149,14 +149,16 @@ class GRPOModule(L.LightningModule):
         self.budget = RolloutBudget()
         self.rollout_step = 0  # completed rollout steps (checkpointed)
         self._eval: dict[str, list[float]] = defaultdict(list)
-        self._load_tokenizer_and_policy()
+        # Objects are kept as given: under LightningCLI, ``self.hparams`` holds the raw config (dicts).
+        self.lora = lora
+        self._load_tokenizer_and_policy(tiny)
 
     # ------------------------------------------------------------------------------------------------ set-up
-    def _load_tokenizer_and_policy(self) -> None:
+    def _load_tokenizer_and_policy(self, tiny: TinyConfig | None) -> None:
         hp = self.hparams
-        policy, self.tokenizer = load_policy(hp.model, dtype=hp.dtype, tiny=hp.tiny)
-        if hp.lora is not None:
-            policy = apply_lora(policy, hp.lora)
+        policy, self.tokenizer = load_policy(hp.model, dtype=hp.dtype, tiny=tiny)
+        if self.lora is not None:
+            policy = apply_lora(policy, self.lora)
         elif hp.beta > 0:
             self.ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
         self.policy = policy
@@ -277,7 +279,7 @@ class GRPOModule(L.LightningModule):
     def _reference_logprobs(self, rollouts: Rollouts, rows: Tensor) -> Tensor | None:
         if self.hparams.beta == 0:
             return None
-        if self.hparams.lora is not None:
+        if self.lora is not None:
             with self.policy.disable_adapter():
                 return self.sequence_logprobs(self.policy, rollouts, rows)[0]
         return self.sequence_logprobs(self.ref_model, rollouts, rows)[0]
@@ -434,7 +436,7 @@ class GRPOModule(L.LightningModule):
     def save_pretrained(self, path: str) -> None:
         """Write the policy (merged LoRA adapters included) and tokenizer as an HF checkpoint directory."""
         model = self.policy
-        if self.hparams.lora is not None:
+        if self.lora is not None:
             model = copy.deepcopy(model).merge_and_unload()
         model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)

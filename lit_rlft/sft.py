@@ -103,6 +103,7 @@ class SFTModule(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.policy, self.tokenizer = load_policy(model, tiny=tiny)
+        self.lora = lora  # kept as given: under LightningCLI, hparams hold the raw config
         if lora is not None:
             self.policy = apply_lora(self.policy, lora)
 
@@ -147,6 +148,6 @@ class SFTModule(L.LightningModule):
     def on_train_end(self) -> None:
         if self.trainer.is_global_zero:
             out = Path(self.hparams.output_dir)
-            model = self.policy.merge_and_unload() if self.hparams.lora is not None else self.policy
+            model = self.policy.merge_and_unload() if self.lora is not None else self.policy
             model.save_pretrained(out)
             self.tokenizer.save_pretrained(out)

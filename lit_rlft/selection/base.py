@@ -1,0 +1,137 @@
+"""The selection-strategy protocol and the helpers every strategy shares.
+
+Notation (see ``docs/design.md``): ``S`` is the pool size, ``B`` the number of prompts (groups) in a step's batch,
+``G`` the completions per prompt. A prompt is known to a strategy by its stable int64 id in ``0 .. S-1``.
+
+A prompt's *state* after a step is computed from the correctness of its group (success rate ``p``, the fraction of
+the ``G`` completions that were correct): the papers number the states 1 / 2 / 3, the code uses 0-based indices
+
+====  ===========  ==========================
+code  paper        meaning
+====  ===========  ==========================
+0     1            unsolved, ``p == 0``
+1     2            partially solved, ``0 < p < 1`` (an *effective* group: GRPO gets a gradient from it)
+2     3            solved, ``p == 1``
+====  ===========  ==========================
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+NUM_STATES = 3
+UNSOLVED, PARTIAL, SOLVED = 0, 1, 2
+STATE_NAMES = ("unsolved", "partial", "solved")
+
+
+@runtime_checkable
+class SelectionStrategy(Protocol):
+    """What a data-selection strategy offers the training loop.
+
+    The loop calls, once per training step ``t``: ``select(B, t, rng)`` for the ids of the prompts to roll out,
+    then, once their groups are scored, ``observe(ids, success_rates, t)``. The caller owns ``rng`` (a
+    ``numpy.random.Generator``) and checkpoints its ``bit_generator.state`` next to ``state_dict()``, so a resumed
+    run draws exactly what the uninterrupted run would have drawn.
+    """
+
+    def observe(self, prompt_ids: np.ndarray, success_rates: np.ndarray, step: int) -> None:
+        """Record one step's outcomes: ``prompt_ids`` ``[B]`` int64, ``success_rates`` ``[B]`` floats in [0, 1]."""
+        ...
+
+    def select(self, batch_size: int, step: int, rng: np.random.Generator) -> np.ndarray:
+        """Return ``[batch_size]`` int64 ids (no duplicates) of the prompts for the next step."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain types and numpy arrays only (``torch.save``-able), with a ``version`` key."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()``'s output; missing optional keys keep their defaults."""
+        ...
+
+
+def state_of(success_rates: np.ndarray) -> np.ndarray:
+    """Map success rates to 0-based states: 0 unsolved (``p == 0``), 1 partial, 2 solved (``p == 1``).
+
+    Args:
+        success_rates: ``[B]`` floats in [0, 1], the fraction of each group's completions that were correct.
+
+    Returns:
+        ``[B]`` int8 states.
+    """
+    p = np.asarray(success_rates, dtype=np.float64)
+    if p.size and (not np.all(np.isfinite(p)) or p.min() < 0.0 or p.max() > 1.0):
+        raise ValueError(f"success rates must lie in [0, 1], got values in [{p.min()}, {p.max()}]")
+    states = np.full(p.shape, PARTIAL, dtype=np.int8)
+    states[p <= 0.0] = UNSOLVED
+    states[p >= 1.0] = SOLVED
+    return states
+
+
+def effective_ratio(success_rates: np.ndarray) -> float:
+    """Fraction of groups with ``0 < p < 1`` (GRPO's informative groups); 0.0 for an empty batch."""
+    p = np.asarray(success_rates, dtype=np.float64)
+    if p.size == 0:
+        return 0.0
+    return float(np.mean((p > 0.0) & (p < 1.0)))
+
+
+def validate_batch_size(batch_size: int, num_prompts: int, option: str = "batch_size") -> int:
+    """Check ``1 <= batch_size <= num_prompts``; the error names ``option``, the setting the user should change."""
+    if int(batch_size) != batch_size or not 1 <= batch_size <= num_prompts:
+        raise ValueError(
+            f"`{option}` must be an integer in [1, {num_prompts}] (the pool holds {num_prompts} prompts), "
+            f"got {batch_size!r}"
+        )
+    return int(batch_size)
+
+
+def validate_num_prompts(num_prompts: int) -> int:
+    """Check that a pool size is a positive integer."""
+    if int(num_prompts) != num_prompts or num_prompts < 1:
+        raise ValueError(f"`num_prompts` must be a positive integer, got {num_prompts!r}")
+    return int(num_prompts)
+
+
+def validate_observation(
+    prompt_ids: np.ndarray, success_rates: np.ndarray, num_prompts: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Check one step's outcomes and return them as ``([B] int64, [B] float64)`` arrays.
+
+    Ids must be unique and lie in ``0 .. num_prompts-1``; rates must lie in [0, 1].
+    """
+    ids = np.asarray(prompt_ids).reshape(-1)
+    rates = np.asarray(success_rates, dtype=np.float64).reshape(-1)
+    if ids.size and not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"prompt ids must be integers, got dtype {ids.dtype}")
+    ids = ids.astype(np.int64, copy=False)
+    if ids.shape != rates.shape:
+        raise ValueError(f"got {ids.size} prompt ids but {rates.size} success rates")
+    if ids.size:
+        if ids.min() < 0 or ids.max() >= num_prompts:
+            raise ValueError(f"prompt ids must lie in [0, {num_prompts - 1}], got [{ids.min()}, {ids.max()}]")
+        if np.unique(ids).size != ids.size:
+            raise ValueError("prompt ids of one step must be unique")
+        if not np.all(np.isfinite(rates)) or rates.min() < 0.0 or rates.max() > 1.0:
+            raise ValueError(f"success rates must lie in [0, 1], got values in [{rates.min()}, {rates.max()}]")
+    return ids, rates
+
+
+def check_version(state: dict[str, Any], version: int, owner: str) -> None:
+    """Refuse a checkpoint written by a newer format than this code understands."""
+    found = int(state.get("version", 1))
+    if found > version:
+        raise ValueError(f"{owner} state has version {found}; this code reads versions <= {version}")
+
+
+def check_num_prompts(state: dict[str, Any], num_prompts: int, owner: str) -> None:
+    """Refuse a checkpoint written for a pool of a different size (the ids would point at other prompts)."""
+    found = state.get("num_prompts")
+    if found is not None and int(found) != num_prompts:
+        raise ValueError(
+            f"{owner} checkpoint was written for a pool of {int(found)} prompts, but this run's pool holds "
+            f"{num_prompts}: resume with the same data set (and filters) or start the selection state afresh"
+        )
