@@ -18,6 +18,7 @@ Notation: ``B`` prompts, ``G = num_generations``, ``N = B * G``, ``P`` prompt le
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from collections import defaultdict
@@ -80,6 +81,9 @@ class GRPOModule(L.LightningModule):
         max_grad_norm: gradient clipping by global norm (0 = off).
         eval_num_generations: samples per validation prompt (mean@k accuracy and pass@k).
         eval_temperature: validation temperature (``None`` = the training temperature).
+        generation_seed: re-seed torch's generator at the start of every rollout step with
+            ``(generation_seed, step)``, so a resumed run samples what the uninterrupted run sampled
+            (``None``: never re-seed).
     """
 
     def __init__(
@@ -116,9 +120,13 @@ class GRPOModule(L.LightningModule):
         max_grad_norm: float = 1.0,
         eval_num_generations: int = 1,
         eval_temperature: float | None = None,
+        generation_seed: int | None = 0,
     ):
         super().__init__()
-        self.save_hyperparameters(ignore=["reward_funcs"])
+        self.save_hyperparameters(ignore=["reward_funcs", "tiny", "lora"])
+        # Plain types only: Lightning loads checkpoints with weights_only=True, which refuses dataclasses.
+        self.hparams["tiny"] = _plain(tiny)
+        self.hparams["lora"] = _plain(lora)
         self.automatic_optimization = False
         _check_positive(num_generations=num_generations, num_iterations=num_iterations,
                         num_mini_batches=num_mini_batches, eval_num_generations=eval_num_generations)
@@ -287,6 +295,8 @@ class GRPOModule(L.LightningModule):
     # ------------------------------------------------------------------------------------------ training
     def training_step(self, batch: Any, batch_idx: int) -> dict[str, Any]:
         t_step = time.perf_counter()
+        if self.hparams.generation_seed is not None:
+            torch.manual_seed(self.hparams.generation_seed * 1_000_003 + self.rollout_step)
         prompt_ids = self.data.plan.next_batch()  # 1
         rollouts = self.generate_rollouts(prompt_ids)  # 2-3
         generation_s = self._last_generation_s
@@ -446,3 +456,8 @@ def _check_positive(**values: int) -> None:
     for name, v in values.items():
         if v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
+
+
+def _plain(obj: Any) -> Any:
+    """A dataclass (or a dict from the CLI) as a plain dict, for hyper-parameters."""
+    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj

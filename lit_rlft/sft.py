@@ -7,6 +7,7 @@ as ``model.model``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any, Literal
@@ -101,7 +102,10 @@ class SFTModule(L.LightningModule):
         output_dir: str = "runs/sft/model",
     ):
         super().__init__()
-        self.save_hyperparameters()
+        self.save_hyperparameters(ignore=["tiny", "lora"])
+        # Plain types only: Lightning loads checkpoints with weights_only=True, which refuses dataclasses.
+        self.hparams["tiny"] = _plain(tiny)
+        self.hparams["lora"] = _plain(lora)
         self.policy, self.tokenizer = load_policy(model, tiny=tiny)
         self.lora = lora  # kept as given: under LightningCLI, hparams hold the raw config
         if lora is not None:
@@ -151,3 +155,8 @@ class SFTModule(L.LightningModule):
             model = self.policy.merge_and_unload() if self.lora is not None else self.policy
             model.save_pretrained(out)
             self.tokenizer.save_pretrained(out)
+
+
+def _plain(obj: Any) -> Any:
+    """A dataclass (or a dict from the CLI) as a plain dict, for hyper-parameters."""
+    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj

@@ -1,6 +1,19 @@
-"""Lightning callbacks: thin adapters from Lightning hooks to the Lightning-free cores in ``lit_rlft.selection``."""
+"""Lightning callbacks: thin adapters from Lightning hooks to the Lightning-free cores in ``lit_rlft.selection``.
+
+Selection callbacks (``DPSCallback``, ``DOTSCallback``, ``HistoryResamplingCallback``) write the next step's
+prompts into the datamodule's batch plan from ``on_train_batch_end``; rollout hooks (``DynamicSamplingCallback``,
+``ReplayCallback``) reshape a step's rollout batch inside ``training_step``. They compose in one Trainer.
+"""
 
 from lit_rlft.callbacks.base import RolloutHook
 from lit_rlft.callbacks.completions import CompletionLogger
+from lit_rlft.callbacks.dps import DPSCallback
+from lit_rlft.callbacks.dynamic import DynamicSamplingCallback
+from lit_rlft.callbacks.history import HistoryResamplingCallback
+from lit_rlft.callbacks.replay import ReplayCallback
+from lit_rlft.callbacks.selection import SelectionCallback
 
-__all__ = ["CompletionLogger", "RolloutHook"]
+__all__ = [
+    "CompletionLogger", "DPSCallback", "DynamicSamplingCallback", "HistoryResamplingCallback", "ReplayCallback",
+    "RolloutHook", "SelectionCallback",
+]

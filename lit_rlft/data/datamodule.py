@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from lit_rlft.checkpointing import decode_state, encode_state
 from lit_rlft.data.plan import BatchPlan
 from lit_rlft.data.pool import PromptPool, build_pool
 from lit_rlft.data.sources import load_records
@@ -58,6 +59,8 @@ class PromptDataModule(L.LightningDataModule):
         val_size: use only the first ``val_size`` validation prompts (``None``: all).
         max_prompt_length: prompts longer than this many tokens are rejected before training.
         seed: seed of the default uniform batch order.
+        num_workers: loader workers (the train loader carries step tokens only, so this is rarely useful;
+            selection stays exact with any value because prompts are resolved when the step runs).
     """
 
     def __init__(
@@ -79,6 +82,7 @@ class PromptDataModule(L.LightningDataModule):
         val_size: int | None = None,
         max_prompt_length: int = 1024,
         seed: int = 0,
+        num_workers: int = 0,
     ):
         super().__init__()
         if batch_size < 1:
@@ -91,7 +95,7 @@ class PromptDataModule(L.LightningDataModule):
         )
         self.batch_size, self.val_batch_size, self.val_size = batch_size, val_batch_size, val_size
         self.max_prompt_length = max_prompt_length
-        self.seed = seed
+        self.seed, self.num_workers = seed, num_workers
         self.tokenizer: Any = None
         self.train_pool: PromptPool | None = None
         self.val_pool: PromptPool | None = None
@@ -165,7 +169,8 @@ class PromptDataModule(L.LightningDataModule):
         return math.ceil(len(self.pool("train")) / self.batch_size)
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(_StepTokens(self.steps_per_epoch()), batch_size=None, shuffle=False)
+        return DataLoader(_StepTokens(self.steps_per_epoch()), batch_size=None, shuffle=False,
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
 
     def val_dataloader(self) -> DataLoader | list:
         if self.val_pool is None:
@@ -175,12 +180,13 @@ class PromptDataModule(L.LightningDataModule):
 
     # -- checkpointing ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"plan": self.plan.state_dict()} if self.plan is not None else {}
+        return {"plan": encode_state(self.plan.state_dict())} if self.plan is not None else {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "plan" not in state:
             return
+        plan_state = decode_state(state["plan"])
         if self.plan is None:
-            self._pending_state = state["plan"]
+            self._pending_state = plan_state
         else:
-            self.plan.load_state_dict(state["plan"])
+            self.plan.load_state_dict(plan_state)

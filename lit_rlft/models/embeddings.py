@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,8 @@ def mean_pooled_embeddings(
     """
     if batch_size < 1 or max_length < 1:
         raise ValueError(f"`batch_size` and `max_length` must be >= 1, got {batch_size!r} and {max_length!r}")
+    if not texts:
+        return torch.zeros(0, _hidden_size(model), dtype=torch.float32)
     base = getattr(model, "base_model", model)
     was_training = model.training
     model.eval()
@@ -87,8 +90,6 @@ def mean_pooled_embeddings(
                 out[i] = pooled[j].cpu()
     finally:
         model.train(was_training)
-    if not out:
-        return torch.zeros(0, _hidden_size(model), dtype=torch.float32)
     return torch.stack(out)  # [S, D]
 
 
@@ -150,9 +151,7 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def embeddings_cache_key(
-    texts: list[str], model_info: dict[str, Any], max_length: int, key_extra: str = ""
-) -> str:
+def embeddings_cache_key(texts: list[str], model_info: dict[str, Any], max_length: int, key_extra: str = "") -> str:
     """sha256 hex of the model fingerprint, the texts (order matters), ``max_length``, the pooling, ``key_extra``."""
     payload = {
         "model": model_info,
@@ -188,7 +187,9 @@ def cached_embeddings(
         model_path_or_obj: a local path / hub name, or a loaded model.
         cache_dir: created if missing.
         key_extra: any string to fold into the key (e.g. a weights revision).
-        tokenizer: required with a model object; optional with a path (default: ``AutoTokenizer`` of the path).
+        tokenizer: required with a model object; optional with a path (default: ``AutoTokenizer`` of the path;
+            note that ``AutoTokenizer`` picks the class from the model's config, e.g. ``Qwen2Tokenizer`` for a
+            qwen2 checkpoint, which rebuilds a custom saved tokenizer's pre-tokenizer: pass it explicitly then).
         batch_size / max_length / progress / device: as for :func:`mean_pooled_embeddings`.
 
     Returns:
@@ -201,8 +202,11 @@ def cached_embeddings(
     cache = Path(cache_dir).expanduser()
     path = cache / f"emb-{key}.pt"
     if path.exists():
-        emb = torch.load(path, map_location="cpu", weights_only=True)["embeddings"]
-        if emb.shape[0] == len(texts):
+        try:
+            emb = torch.load(path, map_location="cpu", weights_only=True)["embeddings"]
+        except (OSError, RuntimeError, EOFError, KeyError, TypeError, pickle.UnpicklingError):
+            emb = None  # unreadable or foreign file under our name: recompute and overwrite it
+        if isinstance(emb, Tensor) and emb.ndim == 2 and emb.shape[0] == len(texts):
             return emb
     if is_path:
         model, loaded_tokenizer = load_model_and_tokenizer(str(model_path_or_obj), device)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,14 +45,31 @@ def load_policy(
     if name_or_path == TINY:
         tok = char_tokenizer()
         return tiny_qwen2(tok, tiny).to(_DTYPES[dtype]), tok
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    tok = AutoTokenizer.from_pretrained(name_or_path)
+    tok = load_tokenizer(name_or_path)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=_DTYPES[dtype], **kwargs)
     return model, tok
+
+
+_PLAIN_TOKENIZER_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}
+
+
+def load_tokenizer(name_or_path: str) -> Any:
+    """Load a tokenizer; a plain ``tokenizers`` tokenizer (such as the tiny model's) is loaded as saved.
+
+    ``AutoTokenizer`` picks the tokenizer class from the model type in ``config.json`` (``Qwen2Tokenizer`` for
+    the tiny Qwen2), which replaces the saved pre-tokenizer and would drop spaces from character-level prompts.
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    config = Path(name_or_path) / "tokenizer_config.json"
+    if config.is_file() and json.loads(config.read_text()).get("tokenizer_class") in _PLAIN_TOKENIZER_CLASSES:
+        return PreTrainedTokenizerFast.from_pretrained(name_or_path)
+    return AutoTokenizer.from_pretrained(name_or_path)
 
 
 def apply_lora(model: nn.Module, lora: LoRAConfig) -> nn.Module:

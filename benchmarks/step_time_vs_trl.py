@@ -1,0 +1,435 @@
+"""Step time of lit_rlft's GRPOModule against TRL's GRPOTrainer on the same tiny policy and the same prompts.
+
+    .venv/bin/python -m pip install "trl>=0.20"            # the bench extra (check torch stays 2.13.0+cpu)
+    .venv/bin/python benchmarks/step_time_vs_trl.py --steps 12 --rounds 3 --threads 1
+
+Goal: lit_rlft / TRL median step time <= 1.0.
+
+What is compared (both sides in this process, one after the other, alternating in rounds so that a noisy, shared
+machine hits both alike):
+
+- the same weights: the tiny Qwen2 (hidden 128, 4 layers, head_dim 64, 1.06M parameters) and character tokenizer
+  saved once by ``save_tiny_policy`` and loaded from that directory by both;
+- the same prompts in the same order: 16 Countdown prompts per step, taken from lit_rlft's own batch plan; TRL gets
+  them as a data set in that order with ``shuffle_dataset=False`` (the script checks that both saw the same ones);
+- G = 8 completions per prompt, at most 32 new tokens, temperature 1, HF ``generate`` (no vLLM), plain-text prompts;
+- one optimizer step per generation batch (``num_iterations=1``, one mini-batch, no gradient accumulation), no KL
+  (``beta=0``, no reference model), the same loss aggregation and reward scaling, AdamW (torch, not fused) with
+  lr 1e-5, betas (0.9, 0.99), constant schedule, gradient clipping at 1.0; the whole batch of 128 sequences in one
+  forward/backward on both sides;
+- the same number of torch threads (``--threads``).
+
+A step is timed from the framework's step-begin hook to its step-end hook (Lightning ``on_train_batch_start`` ..
+``on_train_batch_end``; TRL ``on_step_begin`` .. ``on_step_end``): generation, reward, log-probs, loss, backward
+and the optimizer step, both sides included. ``period`` is the time between consecutive step ends, which adds the
+framework's own per-step overhead (data loading, logging). Generation is ``HFEngine.generate`` in lit_rlft (the
+module's ``time/generation_s``) and ``GRPOTrainer._generate_single_turn`` in TRL (timed by wrapping it). The
+first ``--warmup`` steps of each run are discarded.
+
+The untrained policy samples nearly uniformly over ~100 characters, so EOS (about 1% per token) almost never
+stops a whole batch: ``generate`` runs all 32 decoding steps on both sides (the mean completion lengths printed
+are the tokens up to the first EOS). All rewards are 0 for the untrained policy: this measures cost, not learning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+B, G, MAX_NEW = 16, 8, 32
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=12, help="training steps per run (warm-up included)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of [lit_rlft run, TRL run]")
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for both")
+    p.add_argument("--warmup", type=int, default=2, help="first steps of each run left out")
+    p.add_argument("--loss-type", default="dapo", choices=["dapo", "grpo", "dr_grpo"])
+    p.add_argument("--scale-rewards", default="group", choices=["group", "batch", "none"])
+    p.add_argument("--pool-size", type=int, default=1000, help="Countdown training prompts")
+    p.add_argument("--order", default="lit,trl", help="order inside a round: lit,trl or trl,lit")
+    p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "step_time_vs_trl.json"))
+    args = p.parse_args(argv)
+    if args.steps <= args.warmup:
+        p.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
+    args.order = [s.strip() for s in args.order.split(",")]
+    if sorted(args.order) != ["lit", "trl"]:
+        p.error("--order must be lit,trl or trl,lit")
+    return args
+
+
+def quiet() -> None:
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    for name in ("lightning", "lightning.pytorch", "pytorch_lightning", "transformers", "trl", "accelerate"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+
+
+def median(xs: list[float]) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+# ---------------------------------------------------------------------------------------------------- lit_rlft
+def make_datamodule(args: argparse.Namespace):
+    from lit_rlft.data import CountdownTask, PromptDataModule
+
+    task = CountdownTask(size=args.pool_size, num_numbers=[2, 3, 4], split="train", seed=0)
+    return PromptDataModule(train=task, answer_field=None, batch_size=B)
+
+
+def planned_batches(args: argparse.Namespace, tokenizer: Any) -> list[dict[str, list[Any]]]:
+    """The prompts (and reward columns) lit_rlft's default plan gives each step, read through its public API."""
+    dm = make_datamodule(args)
+    dm.setup("fit")
+    dm.set_tokenizer(tokenizer)
+    out = []
+    for _ in range(args.steps):
+        ids = dm.plan.next_batch()
+        out.append({"prompt": dm.prompt_texts(ids), **dm.reward_columns(ids)})
+    return out
+
+
+def run_lit(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[Any]]]) -> dict[str, Any]:
+    import lightning as L
+
+    from lit_rlft.module import GRPOModule
+
+    class Timer(L.Callback):
+        def __init__(self) -> None:
+            self.step: list[float] = []
+            self.ends: list[float] = []
+            self.gen: list[float] = []
+            self.self_step: list[float] = []
+            self.lengths: list[float] = []
+            self.threads: set[int] = set()
+            self.prompts_ok = True
+            self._t0 = 0.0
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            self.threads.add(torch.get_num_threads())
+            self._t0 = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            t1 = time.perf_counter()
+            self.step.append(t1 - self._t0)
+            self.ends.append(t1)
+            m = trainer.callback_metrics
+            self.gen.append(float(m["time/generation_s"]))
+            self.self_step.append(float(m["time/step_s"]))
+            self.lengths.append(float(m["completions/mean_length"]))
+            i = len(self.step) - 1
+            if i < len(plan) and list(outputs["rollouts"].prompts) != plan[i]["prompt"]:
+                self.prompts_ok = False
+
+    module = GRPOModule(
+        model=model_dir,
+        reward_funcs=["lit_rlft.rewards.countdown_reward"],
+        num_generations=G,
+        max_completion_length=MAX_NEW,
+        temperature=1.0,
+        learning_rate=1e-5,
+        adam_betas=(0.9, 0.99),
+        scale_rewards=args.scale_rewards,
+        loss_type=args.loss_type,
+        beta=0.0,
+        num_iterations=1,
+        max_grad_norm=1.0,
+    )
+    timer = Timer()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=args.steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[timer],
+    )
+    trainer.fit(module, datamodule=make_datamodule(args))
+    return {
+        "step_s": timer.step,
+        "period_s": [b - a for a, b in zip(timer.ends, timer.ends[1:])],
+        "generation_s": timer.gen,
+        "self_reported_step_s": timer.self_step,
+        "mean_completion_length": timer.lengths,
+        "threads_seen": sorted(timer.threads),
+        "prompts_match_plan": timer.prompts_ok and len(timer.step) == args.steps,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- TRL
+def run_trl(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[Any]]], out_dir: str) -> dict[str, Any]:
+    import datasets
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from lit_rlft.rewards import countdown_reward
+
+    # lit_rlft's reward columns include "prompts" (the rendered texts); TRL passes its own ``prompts``.
+    rows = [{k: batch[k][j] for k in batch if k != "prompts"} for batch in plan for j in range(B)]
+    dataset = datasets.Dataset.from_list(rows)
+    seen_prompts: list[list[str]] = []
+
+    def countdown(completions, prompts, nums, target, **kwargs):
+        seen_prompts.append(list(prompts[::G]))  # rows arrive grouped: G copies of each prompt in a row
+        return countdown_reward(completions, nums, target)
+
+    countdown.__name__ = "countdown_reward"
+
+    class Timer(transformers.TrainerCallback):
+        def __init__(self) -> None:
+            self.step: list[float] = []
+            self.ends: list[float] = []
+            self.lengths: list[float] = []
+            self.threads: set[int] = set()
+            self._t0 = 0.0
+
+        def on_step_begin(self, a, state, control, **kw):
+            self.threads.add(torch.get_num_threads())
+            self._t0 = time.perf_counter()
+
+        def on_step_end(self, a, state, control, **kw):
+            t1 = time.perf_counter()
+            self.step.append(t1 - self._t0)
+            self.ends.append(t1)
+
+        def on_log(self, a, state, control, logs=None, **kw):
+            if logs and "completions/mean_length" in logs:
+                self.lengths.append(float(logs["completions/mean_length"]))
+
+    cfg = GRPOConfig(
+        output_dir=out_dir,
+        # TRL counts per_device_train_batch_size in completions (rows), not prompts: 16 prompts x 8 = 128 rows.
+        per_device_train_batch_size=B * G,
+        gradient_accumulation_steps=1,  # => steps_per_generation = 1: generate every optimizer step
+        num_generations=G,
+        max_completion_length=MAX_NEW,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=1e-5,
+        adam_beta1=0.9,
+        adam_beta2=0.99,
+        weight_decay=0.0,
+        optim="adamw_torch",  # TRL's default on torch >= 2.8 is adamw_torch_fused; lit_rlft uses plain AdamW
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_grad_norm=1.0,
+        beta=0.0,
+        num_iterations=1,
+        loss_type=args.loss_type,
+        scale_rewards=args.scale_rewards,
+        use_vllm=False,
+        shuffle_dataset=False,  # the rows already are lit_rlft's plan, in order
+        report_to=[],
+        logging_steps=1,
+        max_steps=args.steps,
+        bf16=False,
+        use_cpu=True,
+        save_strategy="no",
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        seed=0,
+    )
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    timer = Timer()
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=[countdown], args=cfg, train_dataset=dataset, processing_class=tok,
+        callbacks=[timer],
+    )
+    trainer.remove_callback(transformers.PrinterCallback)  # with disable_tqdm it prints every log dict
+    assert trainer.args.steps_per_generation == 1 and trainer.args.generation_batch_size == B * G, (
+        trainer.args.steps_per_generation, trainer.args.generation_batch_size)
+    gen: list[float] = []
+    generate_single_turn = trainer._generate_single_turn
+
+    def timed_generate(*a, **kw):
+        t0 = time.perf_counter()
+        out = generate_single_turn(*a, **kw)
+        gen.append(time.perf_counter() - t0)
+        return out
+
+    trainer._generate_single_turn = timed_generate  # instance attribute shadows the method
+    torch.set_num_threads(args.threads)  # in case anything in set-up changed it
+    trainer.train()
+    return {
+        "step_s": timer.step,
+        "period_s": [b - a for a, b in zip(timer.ends, timer.ends[1:])],
+        "generation_s": gen,
+        "mean_completion_length": timer.lengths,
+        "threads_seen": sorted(timer.threads),
+        "prompts_match_plan": seen_prompts == [p["prompt"] for p in plan],
+        "optimizer": type(trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer).__name__,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- report
+def summarise(run: dict[str, Any], warmup: int) -> dict[str, Any]:
+    steps = run["step_s"][warmup:]
+    gen = run["generation_s"][warmup:]
+    periods = run["period_s"][max(0, warmup - 1):]  # period i ends at step i+1
+    share = [g / s for g, s in zip(gen, steps)] if len(gen) == len(steps) else []
+    lengths = run["mean_completion_length"][warmup:]
+    return {
+        "median_step_s": median(steps),
+        "min_step_s": min(steps) if steps else float("nan"),
+        "median_period_s": median(periods),
+        "median_generation_s": median(gen),
+        "median_generation_share": median(share),
+        "mean_completion_length": float(statistics.mean(lengths)) if lengths else float("nan"),
+        "n": len(steps),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    quiet()
+    torch.set_num_threads(args.threads)
+
+    import lightning
+    import transformers
+    import trl
+    from transformers import AutoTokenizer
+
+    from lit_rlft.models.tiny import TinyConfig, save_tiny_policy
+
+    work = tempfile.mkdtemp(prefix="step_time_vs_trl_")
+    model_dir = str(save_tiny_policy(Path(work) / "tiny", TinyConfig()))
+    plan = planned_batches(args, AutoTokenizer.from_pretrained(model_dir))
+    n_params = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_pretrained(model_dir).parameters())
+
+    rounds: list[dict[str, Any]] = []
+    for r in range(args.rounds):
+        entry: dict[str, Any] = {"round": r + 1}
+        for side in args.order:
+            torch.set_num_threads(args.threads)
+            t0 = time.perf_counter()
+            if side == "lit":
+                raw = run_lit(args, model_dir, plan)
+            else:
+                raw = run_trl(args, model_dir, plan, str(Path(work) / f"trl_{r}"))
+            raw["wall_s"] = time.perf_counter() - t0
+            entry[side] = {"summary": summarise(raw, args.warmup), "raw": raw}
+            s = entry[side]["summary"]
+            print(f"round {r + 1} {side:>3}: median step {s['median_step_s']:.3f} s "
+                  f"(period {s['median_period_s']:.3f} s, generation {s['median_generation_s']:.3f} s, "
+                  f"share {s['median_generation_share']:.2f}), run wall {raw['wall_s']:.1f} s", flush=True)
+        rounds.append(entry)
+
+    def pooled(side: str, key: str) -> list[float]:
+        out: list[float] = []
+        for e in rounds:
+            raw = e[side]["raw"]
+            if key == "period_s":
+                out += raw[key][max(0, args.warmup - 1):]
+            else:
+                out += raw[key][args.warmup:]
+        return out
+
+    overall: dict[str, Any] = {}
+    for side in ("lit", "trl"):
+        steps, gen = pooled(side, "step_s"), pooled(side, "generation_s")
+        overall[side] = {
+            "median_step_s": median(steps),
+            "median_period_s": median(pooled(side, "period_s")),
+            "median_generation_s": median(gen),
+            "median_generation_share": median([g / s for g, s in zip(gen, steps)]),
+            "median_of_round_medians_s": median([e[side]["summary"]["median_step_s"] for e in rounds]),
+            "n_steps": len(steps),
+        }
+    ratio = overall["lit"]["median_step_s"] / overall["trl"]["median_step_s"]
+    ratio_period = overall["lit"]["median_period_s"] / overall["trl"]["median_period_s"]
+    round_ratios = [e["lit"]["summary"]["median_step_s"] / e["trl"]["summary"]["median_step_s"] for e in rounds]
+
+    lines = [
+        "| round | lit_rlft step (s) | TRL step (s) | ratio | lit_rlft generation (s, share) | TRL generation (s, share) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for e, rr in zip(rounds, round_ratios):
+        a, b = e["lit"]["summary"], e["trl"]["summary"]
+        lines.append(
+            f"| {e['round']} | {a['median_step_s']:.3f} | {b['median_step_s']:.3f} | {rr:.2f} | "
+            f"{a['median_generation_s']:.3f} ({a['median_generation_share']:.2f}) | "
+            f"{b['median_generation_s']:.3f} ({b['median_generation_share']:.2f}) |"
+        )
+    a, b = overall["lit"], overall["trl"]
+    lines.append(
+        f"| **all** ({a['n_steps']} + {b['n_steps']} steps) | **{a['median_step_s']:.3f}** | **{b['median_step_s']:.3f}** | "
+        f"**{ratio:.2f}** | {a['median_generation_s']:.3f} ({a['median_generation_share']:.2f}) | "
+        f"{b['median_generation_s']:.3f} ({b['median_generation_share']:.2f}) |"
+    )
+    lines.append(
+        f"| period (step end to step end) | {a['median_period_s']:.3f} | {b['median_period_s']:.3f} | {ratio_period:.2f} | | |"
+    )
+    table = "\n".join(lines)
+    lit_len = statistics.mean(e["lit"]["summary"]["mean_completion_length"] for e in rounds)
+    trl_len = statistics.mean(e["trl"]["summary"]["mean_completion_length"] for e in rounds)
+    prompts_ok = all(e[s]["raw"]["prompts_match_plan"] for e in rounds for s in ("lit", "trl"))
+    threads = sorted({t for e in rounds for s in ("lit", "trl") for t in e[s]["raw"]["threads_seen"]})
+    print()
+    print(table)
+    print()
+    print(f"ratio lit_rlft / TRL (median step): {ratio:.3f}; per round: {', '.join(f'{x:.2f}' for x in round_ratios)}")
+    print(f"same prompts on both sides, every step: {prompts_ok}; torch threads seen in steps: {threads}")
+    print(f"mean completion length up to the first EOS: lit_rlft {lit_len:.1f}, TRL {trl_len:.1f} "
+          f"(generate runs all {MAX_NEW} steps on both: some row of the 128 always reaches the limit)")
+
+    result = {
+        "command": "python benchmarks/step_time_vs_trl.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "config": {
+            "prompts_per_step": B, "num_generations": G, "max_completion_length": MAX_NEW, "temperature": 1.0,
+            "learning_rate": 1e-5, "beta": 0.0, "num_iterations": 1, "loss_type": args.loss_type,
+            "scale_rewards": args.scale_rewards, "steps": args.steps, "warmup_discarded": args.warmup,
+            "rounds": args.rounds, "order": args.order, "threads": args.threads, "pool_size": args.pool_size,
+            "model": f"tiny Qwen2 (lit_rlft.models.tiny.TinyConfig()), {n_params} parameters, float32",
+            "trl_optimizer": rounds[0]["trl"]["raw"]["optimizer"],
+        },
+        "environment": {
+            "python": platform.python_version(), "torch": torch.__version__, "lightning": lightning.__version__,
+            "transformers": transformers.__version__, "trl": trl.__version__, "cpu_count": os.cpu_count(),
+            "load_avg_at_end": os.getloadavg(),
+        },
+        "same_prompts": prompts_ok,
+        "threads_seen": threads,
+        "mean_completion_length": {"lit": lit_len, "trl": trl_len},
+        "overall": overall,
+        "ratio_lit_over_trl": ratio,
+        "ratio_lit_over_trl_period": ratio_period,
+        "round_ratios": round_ratios,
+        "rounds": rounds,
+        "table_markdown": table,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,88 @@
+"""DPSCallback: dynamics-predictive sampling (a per-prompt HMM over unsolved / partial / solved)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import numpy as np
+
+from lit_rlft.callbacks.selection import SelectionCallback
+from lit_rlft.checkpointing import decode_state, encode_state
+from lit_rlft.selection.base import STATE_NAMES, state_of
+from lit_rlft.selection.dps import DPSSelector, PredictionTracker
+
+
+class DPSCallback(SelectionCallback):
+    """Train on the prompts most likely to be *partially solved* next step, predicted before generating anything.
+
+    Each prompt's solving state follows a hidden Markov model whose Dirichlet transition counts are updated online
+    from the binary correctness of its groups (see ``lit_rlft.selection.dps``). Logs ``dps/effective_ratio`` of
+    the fresh batch, the prediction accuracy and partial-state precision / recall / F1 of the batch just observed,
+    running totals, and the 3x3 confusion matrix as TensorBoard text.
+
+    Example::
+
+        trainer = L.Trainer(callbacks=[DPSCallback(decay=0.5, prior="uniform")])
+
+    Args:
+        decay: lambda in (0, 1]: how much of the transition counts survives a step (0.5 Countdown, 0.7 MATH).
+        prior: Dirichlet prior of the transitions: ``uniform``, ``progress``, ``stability`` or ``local``.
+        entropy_bonus: score = P(partial) + entropy_bonus * entropy(belief), for extra exploration.
+        confusion_every_n_steps: how often the running confusion matrix is written as text.
+        seed: tie-breaking seed.
+    """
+
+    name = "dps"
+
+    def __init__(self, decay: float = 0.5, prior: str = "uniform", entropy_bonus: float = 0.0,
+                 confusion_every_n_steps: int = 50, seed: int = 0):
+        super().__init__(seed=seed)
+        self.decay, self.prior, self.entropy_bonus = decay, prior, entropy_bonus
+        self.confusion_every_n_steps = confusion_every_n_steps
+        DPSSelector(1, decay=decay, prior=prior, entropy_bonus=entropy_bonus)  # validate the options now
+        self.step_tracker = PredictionTracker()
+        self.tracker = PredictionTracker()  # running over the whole run
+
+    def build(self, trainer: L.Trainer, pl_module: L.LightningModule, num_prompts: int) -> DPSSelector:
+        return DPSSelector(num_prompts, decay=self.decay, prior=self.prior, entropy_bonus=self.entropy_bonus)
+
+    def before_observe(self, prompt_ids: np.ndarray, success_rates: np.ndarray, step: int) -> dict[str, float]:
+        predicted = self.strategy.predict_states(prompt_ids)
+        observed = state_of(success_rates)
+        self.step_tracker.reset()
+        self.step_tracker.update(predicted, observed)
+        self.tracker.update(predicted, observed)
+        out = {f"dps/{k}": v for k, v in self.step_tracker.metrics().items()}
+        out.update({f"dps/running_{k}": v for k, v in self.tracker.metrics().items()})
+        out["dps/predicted_partial_mean"] = float(self.strategy.prob_partial(prompt_ids).mean())
+        return out
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if (pl_module.rollout_step - 1) % self.confusion_every_n_steps == 0:
+            text = confusion_markdown(self.tracker.confusion)
+            for logger in trainer.loggers:
+                if hasattr(getattr(logger, "experiment", None), "add_text"):
+                    logger.experiment.add_text("dps/confusion", text, global_step=pl_module.rollout_step - 1)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if state:
+            state["tracker"] = encode_state(self.tracker.state_dict())
+        return state
+
+    def _load(self, state: dict[str, Any]) -> None:
+        super()._load(state)
+        if "tracker" in state:
+            self.tracker.load_state_dict(decode_state(state["tracker"]))
+
+
+def confusion_markdown(confusion: np.ndarray) -> str:
+    """A 3x3 confusion matrix (rows observed, columns predicted) as a markdown table."""
+    header = "| observed \\ predicted | " + " | ".join(STATE_NAMES) + " |"
+    rows = [header, "|---|---|---|---|"]
+    for o, name in enumerate(STATE_NAMES):
+        rows.append(f"| {name} | " + " | ".join(str(int(c)) for c in confusion[o]) + " |")
+    return "\n".join(rows)

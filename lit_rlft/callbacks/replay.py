@@ -1,0 +1,148 @@
+"""ReplayCallback: rollout replay (fresh rollouts for delta*B prompts, the rest replayed from a FIFO buffer)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import lightning as L
+import numpy as np
+import torch
+
+from lit_rlft.callbacks.base import RolloutHook
+from lit_rlft.callbacks.dynamic import _draw_unused
+from lit_rlft.core.types import Rollouts, pad_to
+from lit_rlft.selection.replay import ReplayBuffer, StoredGroup, validate_replay_config
+
+
+class ReplayCallback(RolloutHook, L.Callback):
+    """Generate only ``ceil(delta * B)`` groups per step and replay the rest from recent effective groups.
+
+    The datamodule's plan is shrunk to the fresh share, so a selection callback (DPS, DOTS, ...) chooses which
+    prompts get fresh rollouts; without one they are uniform. Replayed groups are drawn uniformly from a FIFO
+    buffer of whole effective groups (0 < success rate < 1, newest group per prompt, ``capacity`` groups); their
+    advantages are recomputed from the stored rewards and their loss is importance-corrected with the stored
+    behaviour log-probs (``GRPOModule(off_policy=...)``). When the buffer holds too few groups (early steps),
+    the batch is filled with extra fresh prompts (``fill="fresh"``, the default) or left short
+    (``fill="none"``, as the reference code does). Logs ``replay/{fresh_groups, replayed_groups, filled_groups,
+    overlap, mean_age, buffer_size}``; the buffer is part of the checkpoint.
+
+    Example::
+
+        trainer = L.Trainer(callbacks=[DPSCallback(), ReplayCallback(delta=0.5, capacity=256)])
+
+    Args:
+        delta: fraction of the batch generated fresh each step, in (0, 1].
+        capacity: groups the buffer keeps (at least the replayed share ``B - ceil(delta * B)``).
+        fill: ``fresh`` tops a short batch up with fresh prompts; ``none`` trains on a smaller batch.
+        seed: seed of the buffer's sampling.
+    """
+
+    def __init__(self, delta: float = 0.5, capacity: int = 256, fill: Literal["fresh", "none"] = "fresh",
+                 seed: int = 0):
+        if fill not in ("fresh", "none"):
+            raise ValueError(f"ReplayCallback: fill must be 'fresh' or 'none', got {fill!r}")
+        validate_replay_config(delta, capacity, 1)  # checks delta now; capacity once B is known
+        self.delta, self.capacity, self.fill, self.seed = delta, capacity, fill, seed
+        self.buffer = ReplayBuffer(capacity, seed=seed)
+        self.num_fresh = self.num_replay = None
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(delta=self.delta, capacity=self.capacity)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        plan = trainer.datamodule.plan
+        batch_size = trainer.datamodule.batch_size
+        self.num_fresh, self.num_replay = validate_replay_config(self.delta, self.capacity, batch_size)
+        plan.batch_size = self.num_fresh
+
+    # -- step 4: mix replayed groups into the fresh ones ------------------------------------------------------
+    def on_rollouts(self, trainer: L.Trainer, pl_module: L.LightningModule, rollouts: Rollouts) -> Rollouts:
+        fresh_ids = set(rollouts.prompt_ids.tolist())
+        overlap = sum(1 for i in fresh_ids if i in self.buffer)
+        groups = self.buffer.sample(self.num_replay, exclude_prompt_ids=fresh_ids)
+        parts = [rollouts]
+        if groups:
+            parts.append(self._to_rollouts(groups, pl_module, rollouts.pad_id))
+        short = self.num_replay - len(groups)
+        filled = 0
+        if short > 0 and self.fill == "fresh":
+            used = fresh_ids | {g.prompt_id for g in groups}
+            ids = _draw_unused(trainer.datamodule.plan.uniform, short, used)
+            if ids.size:
+                parts.append(pl_module.generate_rollouts(ids, purpose="train"))
+                filled = int(ids.size)
+        step = pl_module.rollout_step
+        ages = [step - g.step for g in groups]
+        pl_module.log_dict({
+            "replay/fresh_groups": float(rollouts.num_groups + filled),
+            "replay/replayed_groups": float(len(groups)),
+            "replay/filled_groups": float(filled),
+            "replay/overlap": float(overlap),
+            "replay/mean_age": float(np.mean(ages)) if ages else 0.0,
+            "replay/buffer_size": float(len(self.buffer)),
+        }, on_step=True, on_epoch=False, batch_size=rollouts.num_groups)
+        return Rollouts.concat(parts)
+
+    def _to_rollouts(self, groups: list[StoredGroup], pl_module: L.LightningModule, pad_id: int) -> Rollouts:
+        G = groups[0].num_generations
+        p_len = max(g.prompt_tokens.numel() for g in groups)
+        c_len = max(int(c.numel()) for g in groups for c in g.completion_tokens)
+        prompts = torch.stack([pad_to(g.prompt_tokens, p_len, pad_id, left=True) for g in groups])
+        p_mask = torch.stack([pad_to(torch.ones_like(g.prompt_tokens), p_len, 0, left=True) for g in groups])
+        comps = [c for g in groups for c in g.completion_tokens]
+        eos = pl_module.tokenizer.eos_token_id
+        return Rollouts(
+            prompt_ids=torch.tensor([g.prompt_id for g in groups], dtype=torch.long),
+            prompt_tokens=prompts.repeat_interleave(G, dim=0),
+            prompt_mask=p_mask.repeat_interleave(G, dim=0),
+            completion_tokens=torch.stack([pad_to(c, c_len, pad_id) for c in comps]),
+            completion_mask=torch.stack([pad_to(torch.ones_like(c), c_len, 0) for c in comps]),
+            rewards=torch.stack([g.rewards for g in groups]),
+            correct=torch.stack([g.correct for g in groups]),
+            birth_step=torch.tensor([g.step for g in groups], dtype=torch.long),
+            is_replay=torch.ones(len(groups), dtype=torch.bool),
+            truncated=torch.tensor([c.numel() == 0 or int(c[-1]) != eos for c in comps]),
+            behaviour_logprobs=torch.stack([pad_to(lp.float(), c_len, 0.0) for g in groups
+                                            for lp in g.behaviour_logprobs]),
+            completions=pl_module.tokenizer.batch_decode([c.tolist() for c in comps], skip_special_tokens=True),
+            prompts=pl_module.tokenizer.batch_decode([g.prompt_tokens.tolist() for g in groups],
+                                                     skip_special_tokens=True),
+            pad_id=pad_id,
+        )
+
+    # -- step 7: store this step's fresh effective groups ---------------------------------------------------
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self.buffer.add_many(self._fresh_groups(outputs["rollouts"]))
+
+    @staticmethod
+    def _fresh_groups(rollouts: Rollouts) -> list[StoredGroup]:
+        G = rollouts.group_size
+        out = []
+        for b in torch.nonzero(~rollouts.is_replay).flatten().tolist():
+            rate = float(rollouts.success_rates[b])
+            if not 0 < rate < 1:
+                continue
+            rows = range(b * G, (b + 1) * G)
+            lengths = [int(rollouts.completion_mask[r].sum()) for r in rows]
+            out.append(StoredGroup(
+                prompt_id=int(rollouts.prompt_ids[b]),
+                prompt_tokens=rollouts.prompt_tokens[b * G][rollouts.prompt_mask[b * G].bool()].clone(),
+                completion_tokens=[rollouts.completion_tokens[r, :n].clone() for r, n in zip(rows, lengths)],
+                behaviour_logprobs=[rollouts.old_logprobs[r, :n].clone() for r, n in zip(rows, lengths)],
+                rewards=rollouts.rewards[b].clone(),
+                correct=rollouts.correct[b].clone(),
+                step=int(rollouts.birth_step[b]),
+            ))
+        return out
+
+    # -- checkpointing ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": 1, "buffer": self.buffer.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "buffer" in state_dict:
+            self.buffer.load_state_dict(state_dict["buffer"])

@@ -1,0 +1,106 @@
+"""Selection callbacks in a real Trainer: the prompts trained at step t+1 are exactly those chosen after step t
+(with and without loader workers), state round-trips, and a resumed run selects what the uninterrupted run does."""
+
+from __future__ import annotations
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lit_rlft.callbacks import DPSCallback, HistoryResamplingCallback, ReplayCallback
+from tests.conftest import countdown_dm, tiny_module, tiny_trainer
+
+
+class Recorder(L.Callback):
+    """After the selection callbacks: what was trained at each step and what was scheduled for the next."""
+
+    def __init__(self):
+        self.trained: list[list[int]] = []
+        self.scheduled: list[list[int]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        r = outputs["rollouts"]
+        self.trained.append(sorted(r.prompt_ids[~r.is_replay].tolist()))
+        self.scheduled.append(sorted(trainer.datamodule.plan.scheduled.tolist()))
+
+
+def _fit(tmp_path, callbacks, steps=5, num_workers=0, ckpt_path=None, extra=None):
+    rec = Recorder()
+    module = tiny_module(learning_rate=1e-3)
+    trainer = tiny_trainer(tmp_path, max_steps=steps, callbacks=[*callbacks, rec, *(extra or [])],
+                           enable_checkpointing=bool(extra))
+    trainer.fit(module, datamodule=countdown_dm(size=48, batch_size=4, num_workers=num_workers), ckpt_path=ckpt_path)
+    return rec, module
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_step_t_plus_1_trains_what_was_chosen_after_step_t(tmp_path, num_workers):
+    rec, _ = _fit(tmp_path, [DPSCallback(decay=0.5)], steps=4, num_workers=num_workers)
+    assert len(rec.trained) == 4
+    for t in range(3):
+        assert rec.trained[t + 1] == rec.scheduled[t]
+
+
+def test_replay_composes_with_dps_and_keeps_the_plan_exact(tmp_path):
+    rec, module = _fit(tmp_path, [DPSCallback(), ReplayCallback(delta=0.5, capacity=8)], steps=4)
+    assert all(len(ids) == 2 for ids in rec.scheduled)  # DPS chooses delta * B = 2 fresh prompts
+    for t in range(3):
+        assert rec.trained[t + 1][: len(rec.scheduled[t])] == rec.scheduled[t] or set(rec.scheduled[t]) <= set(
+            rec.trained[t + 1]
+        )
+
+
+@pytest.mark.parametrize("make", [lambda: DPSCallback(decay=0.7), lambda: HistoryResamplingCallback(seed=3)])
+def test_resume_selects_exactly_what_the_uninterrupted_run_selects(tmp_path, make):
+    full, _ = _fit(tmp_path / "full", [make()], steps=6)
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=3, save_top_k=-1)
+    _fit(tmp_path / "first", [make()], steps=3, extra=[ckpt])
+    path = tmp_path / "ckpt" / "epoch=0-step=3.ckpt"
+    assert path.exists(), list((tmp_path / "ckpt").iterdir())
+    resumed, module = _fit(tmp_path / "resumed", [make()], steps=6, ckpt_path=str(path))
+    assert module.rollout_step == 6
+    assert resumed.trained == full.trained[3:]
+    assert resumed.scheduled == full.scheduled[3:]
+
+
+def test_callback_state_round_trips(tmp_path):
+    cb = DPSCallback()
+    _fit(tmp_path, [cb], steps=3)
+    state = cb.state_dict()
+    fresh = DPSCallback()
+    fresh.load_state_dict(state)  # before setup: kept until the pool size is known
+    dm = countdown_dm(size=48, batch_size=4)
+    dm.setup("fit")
+    trainer = tiny_trainer(tmp_path)
+    trainer.datamodule = dm  # type: ignore[misc]
+    fresh.strategy = fresh.build(trainer, None, len(dm.train_pool))
+    fresh._load(fresh._pending_state)
+    np.testing.assert_array_equal(fresh.strategy.mu_prior, cb.strategy.mu_prior)
+    np.testing.assert_array_equal(fresh.tracker.confusion, cb.tracker.confusion)
+    a = cb.strategy.select(4, 3, cb.rng)
+    b = fresh.strategy.select(4, 3, fresh.rng)
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "make, option",
+    [(lambda: DPSCallback(decay=0.0), "decay"), (lambda: DPSCallback(decay=1.5), "decay"),
+     (lambda: DPSCallback(prior="optimistic"), "prior"), (lambda: ReplayCallback(delta=0.0), "delta"),
+     (lambda: ReplayCallback(delta=1.5), "delta")],
+)
+def test_bad_options_name_the_option(make, option):
+    with pytest.raises(ValueError, match=option):
+        make()
+
+
+def test_replay_capacity_smaller_than_replayed_share_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="capacity"):
+        _fit(tmp_path, [ReplayCallback(delta=0.25, capacity=1)], steps=1)
+
+
+def test_batch_larger_than_pool_is_rejected():
+    dm = countdown_dm(size=8, batch_size=16)
+    with pytest.raises(ValueError, match="batch_size"):
+        dm.setup("fit")
