@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from lit_rlft.cli import grpo_cli, sft_cli
-from lit_rlft.reporting import read_scalars, plot_curves
+from lit_rlft.reporting import plot_curves, read_scalars
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -7,6 +7,7 @@ prompts into the datamodule's batch plan from ``on_train_batch_end``; rollout ho
 
 from lit_rlft.callbacks.base import RolloutHook
 from lit_rlft.callbacks.completions import CompletionLogger
+from lit_rlft.callbacks.dots import DifficultyPredictorConfig, DOTSCallback
 from lit_rlft.callbacks.dps import DPSCallback
 from lit_rlft.callbacks.dynamic import DynamicSamplingCallback
 from lit_rlft.callbacks.history import HistoryResamplingCallback
@@ -14,6 +15,6 @@ from lit_rlft.callbacks.replay import ReplayCallback
 from lit_rlft.callbacks.selection import SelectionCallback
 
 __all__ = [
-    "CompletionLogger", "DPSCallback", "DynamicSamplingCallback", "HistoryResamplingCallback", "ReplayCallback",
+    "CompletionLogger", "DOTSCallback", "DPSCallback", "DifficultyPredictorConfig", "DynamicSamplingCallback", "HistoryResamplingCallback", "ReplayCallback",
     "RolloutHook", "SelectionCallback",
 ]

@@ -7,10 +7,12 @@ from typing import Any
 import lightning as L
 import numpy as np
 
+from lit_rlft.callbacks.dots import DifficultyPredictorConfig, build_dots_selector, refresh_reference
 from lit_rlft.callbacks.selection import SelectionCallback
 from lit_rlft.checkpointing import decode_state, encode_state
 from lit_rlft.selection.base import STATE_NAMES, state_of
-from lit_rlft.selection.dps import DPSSelector, PredictionTracker
+from lit_rlft.selection.dots import DOTSSelector
+from lit_rlft.selection.dps import DPSSelector, PredictionTracker, cold_start_belief
 
 
 class DPSCallback(SelectionCallback):
@@ -30,14 +32,21 @@ class DPSCallback(SelectionCallback):
         prior: Dirichlet prior of the transitions: ``uniform``, ``progress``, ``stability`` or ``local``.
         entropy_bonus: score = P(partial) + entropy_bonus * entropy(belief), for extra exploration.
         confusion_every_n_steps: how often the running confusion matrix is written as text.
+        cold_start: give never-seen prompts an initial belief from DOTS' predicted success rate ``p`` instead of
+            the uniform one: P(unsolved) = (1-p)^G, P(solved) = p^G, the rest partial (not in either paper).
+            Its reference rollouts are charged to the budget.
         seed: tie-breaking seed.
     """
 
     name = "dps"
 
     def __init__(self, decay: float = 0.5, prior: str = "uniform", entropy_bonus: float = 0.0,
-                 confusion_every_n_steps: int = 50, seed: int = 0):
+                 confusion_every_n_steps: int = 50, cold_start: DifficultyPredictorConfig | None = None,
+                 seed: int = 0):
         super().__init__(seed=seed)
+        self.cold_start = cold_start
+        self.cold: DOTSSelector | None = None
+        self._cold_success: np.ndarray | None = None  # [S] predicted success rates (cold start)
         self.decay, self.prior, self.entropy_bonus = decay, prior, entropy_bonus
         self.confusion_every_n_steps = confusion_every_n_steps
         DPSSelector(1, decay=decay, prior=prior, entropy_bonus=entropy_bonus)  # validate the options now
@@ -45,7 +54,23 @@ class DPSCallback(SelectionCallback):
         self.tracker = PredictionTracker()  # running over the whole run
 
     def build(self, trainer: L.Trainer, pl_module: L.LightningModule, num_prompts: int) -> DPSSelector:
+        if self.cold_start is not None:
+            self.cold = build_dots_selector(self.cold_start, trainer, pl_module, alpha=0.5, tau=1.0, seed=self.seed)
         return DPSSelector(num_prompts, decay=self.decay, prior=self.prior, entropy_bonus=self.entropy_bonus)
+
+    def before_select(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> None:
+        if self.cold is None:
+            return
+        if self.cold.needs_reference(step):
+            refresh_reference(self.cold, pl_module, self.rng)
+            self._cold_success = None
+        if self._cold_success is None:  # predicted success rate of every prompt, from the latest reference set
+            self._cold_success = 1.0 - self.cold.predict().double().numpy()
+        # Re-applied every step: with uninformative transition counts an unseen prompt's belief would otherwise
+        # relax back to uniform after one prediction step.
+        unseen = np.flatnonzero(~self.strategy.seen)
+        if unseen.size:
+            self.strategy.init_belief(unseen, cold_start_belief(self._cold_success[unseen], pl_module.G))
 
     def before_observe(self, prompt_ids: np.ndarray, success_rates: np.ndarray, step: int) -> dict[str, float]:
         predicted = self.strategy.predict_states(prompt_ids)
@@ -56,6 +81,10 @@ class DPSCallback(SelectionCallback):
         out = {f"dps/{k}": v for k, v in self.step_tracker.metrics().items()}
         out.update({f"dps/running_{k}": v for k, v in self.tracker.metrics().items()})
         out["dps/predicted_partial_mean"] = float(self.strategy.prob_partial(prompt_ids).mean())
+        if self.cold is not None:
+            self.cold.observe(prompt_ids, success_rates, step)  # online fit of the cold-start predictor
+            if np.isfinite(self.cold.last_pearson):
+                out["dps/cold_start_pearson"] = float(self.cold.last_pearson)
         return out
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
@@ -71,12 +100,16 @@ class DPSCallback(SelectionCallback):
         state = super().state_dict()
         if state:
             state["tracker"] = encode_state(self.tracker.state_dict())
+            if self.cold is not None:
+                state["cold_start"] = encode_state(self.cold.state_dict())
         return state
 
     def _load(self, state: dict[str, Any]) -> None:
         super()._load(state)
         if "tracker" in state:
             self.tracker.load_state_dict(decode_state(state["tracker"]))
+        if self.cold is not None and "cold_start" in state:
+            self.cold.load_state_dict(decode_state(state["cold_start"]))
 
 
 def confusion_markdown(confusion: np.ndarray) -> str:

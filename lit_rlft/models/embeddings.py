@@ -99,11 +99,14 @@ def _hidden_size(model: nn.Module) -> int:
 
 
 def load_model_and_tokenizer(model_path: str, device: str | torch.device = "cpu") -> tuple[nn.Module, Any]:
-    """``AutoModel`` (the base model, also for causal-LM checkpoints) and ``AutoTokenizer`` from a path or hub
-    name, in eval mode on ``device``. The one place this module loads weights (tests count calls to it)."""
-    from transformers import AutoModel, AutoTokenizer
+    """``AutoModel`` (the base model, also for causal-LM checkpoints) and its tokenizer (see
+    :func:`lit_rlft.models.loading.load_tokenizer`) from a path or hub name, in eval mode on ``device``. The one
+    place this module loads weights (tests count calls to it)."""
+    from transformers import AutoModel
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    from lit_rlft.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(model_path)
     model = AutoModel.from_pretrained(model_path)
     return model.to(device).eval(), tokenizer
 

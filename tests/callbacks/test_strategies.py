@@ -1,0 +1,93 @@
+"""DOTS, dynamic sampling, replay and DPS with a DOTS cold start inside a real Trainer on the tiny policy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lit_rlft.callbacks import (
+    DifficultyPredictorConfig,
+    DOTSCallback,
+    DPSCallback,
+    DynamicSamplingCallback,
+    ReplayCallback,
+)
+from lit_rlft.rewards.runner import RewardResult
+from tests.conftest import countdown_dm, tiny_module, tiny_trainer
+
+
+class CoinRewards:
+    """Reward 1 with probability ``p`` per completion: groups are a mix of effective and degenerate ones."""
+
+    def __init__(self, p: float = 0.5, seed: int = 0):
+        self.p, self.gen, self.totals = p, torch.Generator().manual_seed(seed), {}
+
+    def __call__(self, completions, columns):
+        total = (torch.rand(len(completions), generator=self.gen) < self.p).float()
+        return RewardResult(total=total, per_func={"coin": total}, num_errors=0, num_timeouts=0, num_unscored=0)
+
+
+def _fit(tmp_path, callbacks, steps=4, p=0.5, **module_kw):
+    module = tiny_module(learning_rate=1e-3, **module_kw)
+    module.rewards = CoinRewards(p)
+    trainer = tiny_trainer(tmp_path, max_steps=steps, callbacks=callbacks)
+    trainer.fit(module, datamodule=countdown_dm(size=48, batch_size=4))
+    return module, trainer
+
+
+def test_dots_rolls_out_reference_sets_charged_to_the_budget(tmp_path):
+    cb = DOTSCallback(reference_size=8, update_every=2, online_steps_per_update=2, cache_dir=str(tmp_path / "c"))
+    module, trainer = _fit(tmp_path, [cb], steps=4)
+    # reference sets at steps 0 and 2 (and 4, planned after the last step): 3 x 8 prompts x G=4
+    assert module.budget.by_purpose["reference"] == 3 * 8 * 4
+    assert module.budget.by_purpose["train"] == 4 * 4 * 4
+    assert "dots/effective_ratio" in trainer.callback_metrics
+    assert list((tmp_path / "c").glob("*.pt")), "pool embeddings were not cached"
+
+
+def test_dots_rejects_bad_options():
+    with pytest.raises(ValueError, match="tau"):
+        DOTSCallback(tau=0.0)
+    with pytest.raises(ValueError, match="update_every"):
+        DOTSCallback(update_every=0)
+
+
+def test_dynamic_sampling_keeps_only_effective_groups_and_counts_discards(tmp_path):
+    module, trainer = _fit(tmp_path, [DynamicSamplingCallback(max_rounds=6)], steps=2, p=0.3)
+    m = trainer.callback_metrics
+    assert float(m["effective_ratio"]) == 1.0
+    assert float(m["dynamic_sampling/rolled_out_groups"]) >= 4
+    extra = module.budget.by_purpose.get("dynamic_sampling", 0)
+    rolled = float(m["dynamic_sampling/rolled_out_groups"])
+    assert module.budget.completions == 2 * 4 * 4 + extra  # 2 steps x B=4 x G=4, plus the extra rounds
+    assert rolled * 4 <= module.budget.completions
+
+
+def test_dynamic_sampling_warns_and_trains_on_what_it_kept(tmp_path):
+    with pytest.warns(UserWarning, match="effective groups after"):
+        module, trainer = _fit(tmp_path, [DynamicSamplingCallback(max_rounds=2)], steps=1, p=0.0)
+    assert float(trainer.callback_metrics["dynamic_sampling/filled"]) == 0.0
+    assert module.rollout_step == 1
+
+
+def test_replay_mixes_stored_groups_with_importance_weights(tmp_path):
+    replay = ReplayCallback(delta=0.5, capacity=16)
+    module, trainer = _fit(tmp_path, [replay], steps=5)
+    m = trainer.callback_metrics
+    assert float(m["replay/replayed_groups"]) + float(m["replay/fresh_groups"]) == 4
+    assert float(m["replay/replayed_groups"]) > 0 and float(m["replay/mean_age"]) >= 1
+    assert "sampling/importance_sampling_ratio/mean" in m
+    assert len(replay.buffer) > 0 and all(0 < g.success_rate < 1 for g in replay.buffer.sample(100))
+    # fresh generation is delta * B = 2 prompts per step once the buffer can serve the rest
+    assert module.budget.prompts < 5 * 4
+
+
+def test_dps_with_dots_cold_start(tmp_path):
+    cold = DifficultyPredictorConfig(reference_size=8, update_every=100, online_steps_per_update=1,
+                                     cache_dir=str(tmp_path / "c"))
+    cb = DPSCallback(cold_start=cold)
+    module, _ = _fit(tmp_path, [cb], steps=3)
+    assert module.budget.by_purpose["reference"] == 8 * 4  # one reference set at the start
+    never_seen = ~cb.strategy.seen
+    # cold-started beliefs are no longer uniform
+    assert not torch.allclose(torch.as_tensor(cb.strategy.mu_prior[never_seen]), torch.full((1, 3), 1 / 3).double())
