@@ -6,6 +6,7 @@ prompts into the datamodule's batch plan from ``on_train_batch_end``; rollout ho
 """
 
 from lit_rlft.callbacks.base import RolloutHook
+from lit_rlft.callbacks.budget import RolloutBudgetStop
 from lit_rlft.callbacks.completions import CompletionLogger
 from lit_rlft.callbacks.dots import DifficultyPredictorConfig, DOTSCallback
 from lit_rlft.callbacks.dps import DPSCallback
@@ -16,5 +17,5 @@ from lit_rlft.callbacks.selection import SelectionCallback
 
 __all__ = [
     "CompletionLogger", "DOTSCallback", "DPSCallback", "DifficultyPredictorConfig", "DynamicSamplingCallback", "HistoryResamplingCallback", "ReplayCallback",
-    "RolloutHook", "SelectionCallback",
+    "RolloutBudgetStop", "RolloutHook", "SelectionCallback",
 ]

@@ -8,6 +8,7 @@ part of every checkpoint, so a resumed run selects exactly what the uninterrupte
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import lightning as L
@@ -70,6 +71,7 @@ class SelectionCallback(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        t0, gen0 = time.perf_counter(), pl_module.budget.generation_s
         rollouts = outputs["rollouts"]
         fresh = ~rollouts.is_replay
         ids = rollouts.prompt_ids[fresh].numpy()
@@ -78,9 +80,14 @@ class SelectionCallback(L.Callback):
         metrics = self.before_observe(ids, rates, step)
         self.strategy.observe(ids, rates, step)
         metrics[f"{self.name}/effective_ratio"] = effective_ratio(rates)
-        metrics.update(self.metrics(trainer, pl_module))
-        pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=max(1, len(ids)))
         self._schedule(trainer, pl_module, pl_module.rollout_step)
+        metrics.update(self.metrics(trainer, pl_module))
+        # Selection overhead: everything this callback did except generating reference rollouts (those are
+        # rollouts, counted in the budget and in budget/generation_seconds).
+        generation = pl_module.budget.generation_s - gen0
+        metrics[f"{self.name}/overhead_s"] = time.perf_counter() - t0 - generation
+        metrics[f"{self.name}/reference_generation_s"] = generation
+        pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=max(1, len(ids)))
 
     def metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
         return {}

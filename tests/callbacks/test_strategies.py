@@ -91,3 +91,10 @@ def test_dps_with_dots_cold_start(tmp_path):
     never_seen = ~cb.strategy.seen
     # cold-started beliefs are no longer uniform
     assert not torch.allclose(torch.as_tensor(cb.strategy.mu_prior[never_seen]), torch.full((1, 3), 1 / 3).double())
+
+
+def test_budget_stop_ends_training_at_equal_cost(tmp_path):
+    from lit_rlft.callbacks import RolloutBudgetStop
+
+    module, _ = _fit(tmp_path, [RolloutBudgetStop(max_completions=40)], steps=100)
+    assert module.rollout_step == 3 and module.budget.completions == 48  # 16 completions per step, 48 >= 40
