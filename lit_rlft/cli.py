@@ -3,6 +3,7 @@
     lit-rlft fit --config configs/countdown_tiny.yaml          # GRPO (LightningCLI: fit | validate)
     lit-rlft fit --config configs/countdown_tiny.yaml --print_config
     lit-rlft sft --config configs/sft_countdown_tiny.yaml      # supervised warm start, saves an HF checkpoint
+    lit-rlft dots-adapters --pairs pairs.jsonl --embedding-model PATH --out adapters.pt
 """
 
 from __future__ import annotations
@@ -28,7 +29,14 @@ def sft_cli(args: list[str] | None = None) -> LightningCLI:
     return LightningCLI(SFTModule, SFTDataModule, args=["fit", *(args or [])], **_CLI_KWARGS)
 
 
-_COMMANDS = {"sft": sft_cli}
+def dots_adapters_cli(args: list[str] | None = None) -> None:
+    """``lit-rlft dots-adapters``: train DOTS' adapters offline from (prompt, success rate) pairs."""
+    from lit_rlft.dots_adapters import main as dots_adapters_main
+
+    dots_adapters_main(args)
+
+
+_COMMANDS = {"sft": sft_cli, "dots-adapters": dots_adapters_cli}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -24,6 +24,18 @@ from lit_rlft.reporting import plot_curves, read_scalars
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
+LEARNABLE = ("val/accuracy/difficulty_3", "val/accuracy/difficulty_4")
+
+
+def add_learnable(metrics: dict[str, float]) -> dict[str, float]:
+    """Add ``val/accuracy/learnable``: 3- and 4-number problems pooled (weighted by their counts)."""
+    n = [metrics.get(k.replace("val/accuracy", "val/n/accuracy"), 0.0) for k in LEARNABLE]
+    if all(k in metrics for k in LEARNABLE) and sum(n) > 0:
+        metrics["val/accuracy/learnable"] = sum(metrics[k] * w for k, w in zip(LEARNABLE, n)) / sum(n)
+        metrics["val/n/accuracy/learnable"] = float(sum(n))
+    return metrics
+
+
 def _accuracy_table(before: dict[str, float], after: dict[str, float]) -> list[str]:
     rows = ["| held-out bucket | n prompts | before | after | change |", "|---|---|---|---|---|"]
     keys = sorted(k for k in after if k.startswith("val/accuracy"))
@@ -57,11 +69,11 @@ def run(out: Path, threads: int, grpo_steps: int | None, sft_steps: int | None) 
     cli = grpo_cli(args, run=False)
     t1 = time.perf_counter()
     cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
-    before = dict(cli.model.last_eval)
+    before = add_learnable(dict(cli.model.last_eval))
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     timings["grpo_s"] = time.perf_counter() - t1
     cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
-    after = dict(cli.model.last_eval)
+    after = add_learnable(dict(cli.model.last_eval))
     timings["total_s"] = time.perf_counter() - t0
     cli.model.save_pretrained(str(grpo_dir / "model"))
 

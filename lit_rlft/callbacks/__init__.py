@@ -12,10 +12,11 @@ from lit_rlft.callbacks.dots import DifficultyPredictorConfig, DOTSCallback
 from lit_rlft.callbacks.dps import DPSCallback
 from lit_rlft.callbacks.dynamic import DynamicSamplingCallback
 from lit_rlft.callbacks.history import HistoryResamplingCallback
+from lit_rlft.callbacks.recorder import SuccessRateRecorder
 from lit_rlft.callbacks.replay import ReplayCallback
 from lit_rlft.callbacks.selection import SelectionCallback
 
 __all__ = [
     "CompletionLogger", "DOTSCallback", "DPSCallback", "DifficultyPredictorConfig", "DynamicSamplingCallback", "HistoryResamplingCallback", "ReplayCallback",
-    "RolloutBudgetStop", "RolloutHook", "SelectionCallback",
+    "RolloutBudgetStop", "RolloutHook", "SelectionCallback", "SuccessRateRecorder",
 ]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import lightning as L
 import numpy as np
 import pytest
-import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lit_rlft.callbacks import DPSCallback, HistoryResamplingCallback, ReplayCallback
