@@ -133,3 +133,20 @@ def test_several_iterations_and_mini_batches(tmp_path):
     trainer = tiny_trainer(tmp_path, max_steps=4)
     trainer.fit(module, datamodule=countdown_dm())
     assert trainer.global_step == 4 and module.rollout_step == 1
+
+
+def test_lora_with_kl_uses_the_base_model_as_reference(tmp_path, monkeypatch):
+    """beta > 0 with LoRA: no reference copy is made; the reference is the base with adapters disabled."""
+    module = tiny_module(lora=LoRAConfig(r=4, alpha=8), beta=0.1)
+    _force_learning_signal(monkeypatch, module)
+    assert module.ref_model is None
+    trainer = tiny_trainer(tmp_path, max_steps=2)
+    trainer.fit(module, datamodule=countdown_dm())
+    # lora_B starts at zero, so the first step's policy equals the reference: kl is exactly 0 there and > 0 after.
+    assert float(trainer.callback_metrics["kl"]) > 0
+
+
+def test_full_finetune_with_kl_keeps_a_frozen_reference_copy():
+    module = tiny_module(beta=0.1)
+    assert module.ref_model is not None
+    assert not any(p.requires_grad for p in module.ref_model.parameters())

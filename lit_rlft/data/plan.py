@@ -60,7 +60,7 @@ class BatchPlan:
             self._scheduled = self._scheduled_by = None
             return ids
         self.last_source = "uniform"
-        return self.uniform.select(self.batch_size, step=0, rng=np.random.default_rng(0))
+        return self.uniform.select(self.batch_size, step=0)
 
     def state_dict(self) -> dict[str, Any]:
         return {

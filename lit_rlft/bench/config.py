@@ -1,0 +1,158 @@
+"""StudyConfig: the whole study in one dataclass (serialised into ``study.json``), and one run's identity."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Every strategy the study knows, in table order.
+STRATEGIES: tuple[str, ...] = (
+    "uniform", "dynamic_sampling", "history", "dots", "dots_replay", "dps", "dps_replay", "dps_cold_start",
+)
+
+
+@dataclass
+class StudyConfig:
+    """Everything that defines a study. Runs differ only in (strategy, pool size, seed).
+
+    Pools and seeds: the first entry of ``pool_sizes`` is the main comparison (every seed in ``seeds``); the
+    other pool sizes form the pool-size sweep and get only the first ``sweep_seeds`` seeds.
+
+    Task: the training pool is ``CountdownTask(size=N, num_numbers=num_numbers (+ [5] with five_numbers),
+    split="train", seed=pool_seed)``; the held-out set is ``CountdownTask(size=eval_size, num_numbers=[2, 3, 4],
+    split="test", seed=eval_seed)`` (the task's fixed hash keeps the two disjoint), evaluated at the training
+    temperature with ``eval_num_generations`` samples per prompt. ``learnable_buckets`` are pooled into the
+    "learnable" accuracy.
+
+    Warm start: ``warm_start`` is an HF checkpoint directory, ``"tiny"`` (a freshly initialised tiny policy of size
+    ``tiny``, for tests), or ``None`` (run the SFT of ``configs/sft_countdown_tiny.yaml`` into ``<out>/sft/model``
+    once, ``sft_steps`` overriding its max_steps).
+
+    Budget: every run stops after the step in which its cumulative completions (all purposes) reach
+    ``budget_completions``; it is evaluated at the start and whenever its completions cross one of
+    ``num_evals`` equally spaced marks (the last one is the budget).
+    """
+
+    # -- which runs ------------------------------------------------------------------------------------------
+    strategies: list[str] = field(default_factory=lambda: list(STRATEGIES))
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    pool_sizes: list[int] = field(default_factory=lambda: [4000, 1000, 16000])
+    sweep_seeds: int = 1
+    # -- task ------------------------------------------------------------------------------------------------
+    num_numbers: list[int] = field(default_factory=lambda: [2, 3, 4])
+    five_numbers: bool = False
+    pool_seed: int = 1
+    eval_size: int = 1800
+    eval_seed: int = 2
+    eval_num_generations: int = 2
+    learnable_buckets: list[int] = field(default_factory=lambda: [3, 4])
+    train_subset_size: int = 256
+    train_subset_generations: int = 4
+    eval_batch_prompts: int = 300
+    degeneracy_sample: int = 1024
+    degeneracy_generations: int = 8
+    # -- warm start ------------------------------------------------------------------------------------------
+    warm_start: str | None = None
+    tiny: dict[str, Any] | None = None
+    sft_steps: int | None = None
+    # -- GRPO (configs/countdown_tiny.yaml) ------------------------------------------------------------------
+    batch_size: int = 32
+    num_generations: int = 8
+    temperature: float = 1.0
+    max_completion_length: int = 16
+    learning_rate: float = 1e-4
+    warmup_steps: int = 20
+    loss_type: str = "dapo"
+    scale_rewards: str = "group"
+    epsilon: float = 0.2
+    adam_betas: tuple[float, float] = (0.9, 0.99)
+    max_grad_norm: float = 1.0
+    # -- budget and evaluation -------------------------------------------------------------------------------
+    budget_completions: int = 51_200
+    num_evals: int = 8
+    max_steps_factor: int = 10
+    # -- strategies ------------------------------------------------------------------------------------------
+    dps_decay: float = 0.5
+    dots_alpha: float = 0.5
+    dots_tau: float = 1e-3
+    reference_size: int = 32
+    update_every: int = 4
+    dots_online_steps: int = 20
+    replay_delta: float = 0.5
+    replay_capacity: int = 256
+    dynamic_max_rounds: int = 10
+    # -- execution and statistics ----------------------------------------------------------------------------
+    jobs: int = 2
+    threads: int = 1
+    run_timeout_s: float = 3600.0
+    confidence: float = 0.95
+
+    def __post_init__(self) -> None:
+        self.adam_betas = tuple(self.adam_betas)
+        unknown = [s for s in self.strategies if s not in STRATEGIES]
+        if unknown:
+            raise ValueError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
+        if not self.strategies or not self.seeds or not self.pool_sizes:
+            raise ValueError("strategies, seeds and pool_sizes must be non-empty")
+        if self.budget_completions < self.batch_size * self.num_generations:
+            raise ValueError(f"budget_completions ({self.budget_completions}) is less than one step "
+                             f"({self.batch_size} x {self.num_generations})")
+        if not 0 <= self.jobs <= 2:
+            raise ValueError(f"jobs must be 0 (in-process), 1 or 2 on this 2-core machine, got {self.jobs}")
+        if self.num_evals < 1:
+            raise ValueError(f"num_evals must be >= 1, got {self.num_evals}")
+
+    # -- variants ---------------------------------------------------------------------------------------------
+    @classmethod
+    def quick(cls, **overrides: Any) -> StudyConfig:
+        """Every strategy once, pool 1000, a 12,288-completion budget (48 uniform steps), 300 held-out prompts:
+        a smoke test of the whole pipeline in under 15 minutes (no confidence intervals with one seed)."""
+        kw: dict[str, Any] = dict(seeds=[0], pool_sizes=[1000], budget_completions=12_288, num_evals=3,
+                                  eval_size=300, degeneracy_sample=256, train_subset_size=128)
+        kw.update(overrides)
+        return cls(**kw)
+
+    # -- derived ----------------------------------------------------------------------------------------------
+    @property
+    def pool_num_numbers(self) -> list[int]:
+        return sorted(set(self.num_numbers) | ({5} if self.five_numbers else set()))
+
+    def runs(self) -> list[RunSpec]:
+        """All runs, main pool first (seed-major, so every strategy gets seed 0 early), then the sweep."""
+        main, *sweep = self.pool_sizes
+        specs = [RunSpec(s, main, seed) for seed in self.seeds for s in self.strategies]
+        for size in sweep:
+            specs += [RunSpec(s, size, seed) for seed in self.seeds[: self.sweep_seeds] for s in self.strategies]
+        return specs
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StudyConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def run_fingerprint(self) -> str:
+        """Hash of everything that changes a run's outcome (not the run list, jobs or statistics): a finished run
+        is reused on a re-run only when this matches."""
+        skip = {"strategies", "seeds", "pool_sizes", "sweep_seeds", "jobs", "run_timeout_s", "confidence",
+                "degeneracy_sample", "degeneracy_generations"}
+        data = {k: v for k, v in self.to_dict().items() if k not in skip}
+        return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run of the study."""
+
+    strategy: str
+    pool_size: int
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.strategy}-pool{self.pool_size}-seed{self.seed}"
