@@ -36,7 +36,7 @@ def dots_adapters_cli(args: list[str] | None = None) -> None:
     dots_adapters_main(args)
 
 
-_COMMANDS = {"sft": sft_cli, "dots-adapters": dots_adapters_cli}
+_COMMANDS = {"sft": sft_cli, "dots-adapters": dots_adapters_cli, "bench": lambda args: __import__("lit_rlft.bench.cli", fromlist=["main"]).main(args)}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -183,6 +183,10 @@ class GRPOModule(L.LightningModule):
             raise RuntimeError("GRPOModule needs a PromptDataModule (trainer.fit(module, datamodule=...))")
         self.data.set_tokenizer(self.tokenizer)
 
+    def on_fit_start(self) -> None:
+        # A validation run before fit (e.g. the demo's "before" evaluation) leaves modules in eval mode.
+        self.policy.train()
+
     def configure_optimizers(self) -> Any:
         hp = self.hparams
         params = [p for p in self.policy.parameters() if p.requires_grad]

@@ -31,6 +31,10 @@ class StudyConfig:
     ``tiny``, for tests), or ``None`` (run the SFT of ``configs/sft_countdown_tiny.yaml`` into ``<out>/sft/model``
     once, ``sft_steps`` overriding its max_steps).
 
+    Measurement rollouts (held-out set, training subset, degeneracy) are generated ``generation_chunk`` sequences
+    per ``generate`` call on one thread: on this machine bigger calls, and 2 threads while another process
+    computes, are several times slower.
+
     Budget: every run stops after the step in which its cumulative completions (all purposes) reach
     ``budget_completions``; it is evaluated at the start and whenever its completions cross one of
     ``num_evals`` equally spaced marks (the last one is the budget).
@@ -51,13 +55,14 @@ class StudyConfig:
     learnable_buckets: list[int] = field(default_factory=lambda: [3, 4])
     train_subset_size: int = 256
     train_subset_generations: int = 4
-    eval_batch_prompts: int = 300
+    generation_chunk: int = 256
     degeneracy_sample: int = 1024
     degeneracy_generations: int = 8
     # -- warm start ------------------------------------------------------------------------------------------
     warm_start: str | None = None
     tiny: dict[str, Any] | None = None
     sft_steps: int | None = None
+    sft_threads: int = 1
     # -- GRPO (configs/countdown_tiny.yaml) ------------------------------------------------------------------
     batch_size: int = 32
     num_generations: int = 8
@@ -139,7 +144,7 @@ class StudyConfig:
     def run_fingerprint(self) -> str:
         """Hash of everything that changes a run's outcome (not the run list, jobs or statistics): a finished run
         is reused on a re-run only when this matches."""
-        skip = {"strategies", "seeds", "pool_sizes", "sweep_seeds", "jobs", "run_timeout_s", "confidence",
+        skip = {"strategies", "seeds", "pool_sizes", "sweep_seeds", "jobs", "run_timeout_s", "confidence", "sft_threads",
                 "degeneracy_sample", "degeneracy_generations"}
         data = {k: v for k, v in self.to_dict().items() if k not in skip}
         return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]

@@ -32,11 +32,11 @@ class EvalCallback(L.Callback):
         k: held-out samples per prompt.
         train_generations: samples per training-subset prompt.
         learnable: difficulties pooled into ``val/accuracy/learnable``.
-        chunk: prompts per generation call.
+        chunk: sequences per generation call (prompts x samples).
     """
 
     def __init__(self, marks: list[int], train_ids: np.ndarray, k: int, train_generations: int,
-                 learnable: list[int], chunk: int = 300):
+                 learnable: list[int], chunk: int = 256):
         self.marks, self.train_ids, self.k = list(marks), np.asarray(train_ids), k
         self.train_generations, self.learnable, self.chunk = train_generations, set(learnable), chunk
         self.curve: list[dict[str, Any]] = []
@@ -84,12 +84,13 @@ class EvalCallback(L.Callback):
             torch.manual_seed(EVAL_SEED)
             val_ids = dm.pool("val").ids
             _, correct = sample_groups(pl_module.engine, pl_module.tokenizer, dm, self._rewards, val_ids, "val",
-                                       self.k, sampling, self.chunk, threshold)
+                                       self.k, sampling, max(1, self.chunk // self.k), threshold)
             point.update(self._by_difficulty("val/accuracy", correct.mean(axis=1),
                                              dm.reward_columns(val_ids, "val")["difficulty"], learnable=True))
             torch.manual_seed(EVAL_SEED + 1)
             rewards, _ = sample_groups(pl_module.engine, pl_module.tokenizer, dm, self._rewards, self.train_ids,
-                                       "train", self.train_generations, train_sampling, self.chunk, threshold)
+                                       "train", self.train_generations, train_sampling,
+                                       max(1, self.chunk // self.train_generations), threshold)
             point.update(self._by_difficulty("train_pool_reward", rewards.mean(axis=1),
                                              dm.reward_columns(self.train_ids, "train")["difficulty"]))
         point["eval_s"] = time.perf_counter() - t

@@ -1,10 +1,12 @@
-"""Online data selection, Lightning-free (numpy only): which prompts to roll out next.
+"""Online data selection, Lightning-free (numpy / torch only): which prompts to roll out next.
 
 Strategies share :class:`~lit_rlft.selection.base.SelectionStrategy` (``observe`` / ``select`` / ``state_dict`` /
 ``load_state_dict``): :class:`UniformSampler` (plain GRPO), :class:`HistoryResampler` (SRPO), :class:`DPSSelector`
-(dynamics-predictive sampling). :class:`DynamicFilter` is the bookkeeping of DAPO's dynamic sampling, which filters
-rollouts instead of choosing prompts. DOTS (``lit_rlft.selection.dots``, torch) and the rollout-replay buffer
-(``lit_rlft.selection.replay``) are imported from their modules.
+(dynamics-predictive sampling), :class:`DOTSSelector` (difficulty-targeted online selection, with its
+:class:`AttentionDifficultyPredictor`). :class:`DynamicFilter` is the bookkeeping of DAPO's dynamic sampling, which
+filters rollouts instead of choosing prompts. :class:`ReplayBuffer` (of :class:`StoredGroup`) is the rollout-replay
+buffer. DOTS' other building blocks (calibration, Gumbel-top-k sampling, offline adapter training, persistence) are
+exported by ``lit_rlft.selection.dots``.
 """
 
 from lit_rlft.selection.base import (
@@ -19,9 +21,11 @@ from lit_rlft.selection.base import (
     validate_batch_size,
     validate_observation,
 )
+from lit_rlft.selection.dots import AttentionDifficultyPredictor, DOTSSelector
 from lit_rlft.selection.dps import PRIORS, DPSSelector, PredictionTracker, cold_start_belief, prior_matrix
 from lit_rlft.selection.dynamic import DynamicFilter, FilterResult, FilterRound, keep_mask
 from lit_rlft.selection.history import HistoryResampler
+from lit_rlft.selection.replay import ReplayBuffer, StoredGroup, validate_replay_config
 from lit_rlft.selection.uniform import EpochBatcher, UniformSampler
 
 __all__ = [
@@ -31,6 +35,8 @@ __all__ = [
     "SOLVED",
     "STATE_NAMES",
     "UNSOLVED",
+    "AttentionDifficultyPredictor",
+    "DOTSSelector",
     "DPSSelector",
     "DynamicFilter",
     "EpochBatcher",
@@ -38,7 +44,9 @@ __all__ = [
     "FilterRound",
     "HistoryResampler",
     "PredictionTracker",
+    "ReplayBuffer",
     "SelectionStrategy",
+    "StoredGroup",
     "UniformSampler",
     "cold_start_belief",
     "effective_ratio",
@@ -47,4 +55,5 @@ __all__ = [
     "state_of",
     "validate_batch_size",
     "validate_observation",
+    "validate_replay_config",
 ]

@@ -15,6 +15,10 @@ Prompts are then drawn without replacement with ``P(q) ~ exp(-|d_hat_q - alpha| 
 space, so a tiny ``tau`` never underflows. The adapters can be fitted offline (:func:`fit_adapters`) or online from
 the run's own rollouts (:class:`DOTSSelector` with ``online_fit=True``).
 
+The pieces live in their own modules and are re-exported here: the predictor and its calibration
+(:mod:`lit_rlft.selection.difficulty`), its offline training and persistence
+(:mod:`lit_rlft.selection.difficulty_training`) and the sampling (:mod:`lit_rlft.selection.gumbel`).
+
 Typical loop (what the DOTS callback does each step ``t``)::
 
     sel = DOTSSelector(embeddings)                     # [S, D], e.g. from lit_rlft.models.embeddings
@@ -29,329 +33,60 @@ from __future__ import annotations
 
 import copy
 import math
-import os
-import tempfile
 from collections import OrderedDict
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_rlft.selection.base import check_num_prompts, check_version, validate_batch_size, validate_observation
+from lit_rlft.selection.difficulty import (
+    CALIBRATIONS,
+    EPS,
+    AttentionDifficultyPredictor,
+    Calibration,
+    CalibrationNet,
+    DifficultyAdapter,
+    _calibrated,
+    _check_choice,
+    _project,
+    apply_linear_calibration,
+    fit_linear_calibration,
+    pearson,
+    platt_calibrate,
+    predict_from_reference,
+)
+from lit_rlft.selection.difficulty_training import (
+    episodic_bce_loss,
+    evaluate_predictor,
+    fit_adapters,
+    load_predictor,
+    save_predictor,
+)
+from lit_rlft.selection.gumbel import difficulty_logits, sample_without_replacement
 
-Calibration = Literal["platt", "linear", "none"]
-CALIBRATIONS: tuple[str, ...] = ("platt", "linear", "none")
-EPS = 1e-6  # clamp for logit / BCE: representable next to 1.0 in float32 (spacing 6e-8)
-_CHUNK = 8192  # query rows per matmul chunk in prediction: bounds memory at Q x K floats per chunk
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Modules: adapters, attention predictor, calibration net
-# ---------------------------------------------------------------------------------------------------------------
-class DifficultyAdapter(nn.Module):
-    """Small MLP ``[*, D] -> [*, P]`` (Linear-GELU-Linear) applied to frozen prompt embeddings.
-
-    Args:
-        in_dim: embedding width ``D``.
-        hidden_dim: hidden width.
-        out_dim: projection width ``P``.
-    """
-
-    def __init__(self, in_dim: int, hidden_dim: int = 256, out_dim: int = 128) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(in_dim, hidden_dim), nn.GELU(), nn.Linear(hidden_dim, out_dim))
-
-    def forward(self, z: Tensor) -> Tensor:
-        """``z`` ``[*, D]`` -> ``[*, P]``."""
-        return self.net(z)
-
-
-class CalibrationNet(nn.Module):
-    """Platt-scaling parameters from the reference labels: ``(mean, std)`` of ``d_ref`` -> ``(w, b)``.
-
-    The last layer starts at weight 0 and bias ``(1, 0)``, so an untrained net is the identity calibration
-    (``w = 1, b = 0`` for every reference set).
-
-    Args:
-        hidden_dim: hidden width of the ``2 -> hidden -> 2`` MLP.
-    """
-
-    def __init__(self, hidden_dim: int = 16) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(2, hidden_dim), nn.Tanh(), nn.Linear(hidden_dim, 2))
-        nn.init.zeros_(self.net[2].weight)
-        with torch.no_grad():
-            self.net[2].bias.copy_(torch.tensor([1.0, 0.0]))
-
-    def forward(self, ref_difficulty: Tensor) -> tuple[Tensor, Tensor]:
-        """``ref_difficulty`` ``[K]`` -> scalars ``(w, b)`` (0-d tensors)."""
-        d = ref_difficulty.float()
-        stats = torch.stack([d.mean(), d.std(unbiased=False)])  # [2]
-        w, b = self.net(stats).unbind(-1)
-        return w, b
-
-
-class AttentionDifficultyPredictor(nn.Module):
-    """Predict difficulty by attention of queries over a labelled reference set.
-
-    ``d_hat_q = sum_i softmax_i(<ref_proj(z_i), query_proj(z_q)> / sqrt(P) / temperature) * d_i``. The output is a
-    convex combination of the reference labels, so it lies in their range. ``forward`` is uncalibrated; Platt
-    calibration through :attr:`calibrator` is applied by :meth:`calibrate`.
-
-    Args:
-        embed_dim: embedding width ``D``.
-        hidden_dim: adapters' hidden width.
-        proj_dim: adapters' output width ``P``.
-        temperature: softmax temperature of the attention (> 0).
-        identity: no adapters (the paper's "raw embeddings" baseline): projections are the embeddings themselves
-            and the scores are scaled by ``sqrt(D)``. Only :attr:`calibrator` then has parameters.
-    """
-
-    def __init__(
-        self,
-        embed_dim: int,
-        hidden_dim: int = 256,
-        proj_dim: int = 128,
-        temperature: float = 1.0,
-        identity: bool = False,
-    ) -> None:
-        super().__init__()
-        if not temperature > 0:
-            raise ValueError(f"`temperature` must be > 0, got {temperature!r}")
-        self.embed_dim, self.hidden_dim, self.proj_dim = int(embed_dim), int(hidden_dim), int(proj_dim)
-        self.temperature, self.identity = float(temperature), bool(identity)
-        if identity:
-            self.query_proj: nn.Module = nn.Identity()
-            self.ref_proj: nn.Module = nn.Identity()
-        else:
-            self.query_proj = DifficultyAdapter(embed_dim, hidden_dim, proj_dim)
-            self.ref_proj = DifficultyAdapter(embed_dim, hidden_dim, proj_dim)
-        self.calibrator = CalibrationNet()
-        self.scale = math.sqrt(embed_dim if identity else proj_dim)
-
-    def config(self) -> dict[str, Any]:
-        """Constructor arguments (plain types), for :func:`save_predictor`."""
-        return {
-            "embed_dim": self.embed_dim,
-            "hidden_dim": self.hidden_dim,
-            "proj_dim": self.proj_dim,
-            "temperature": self.temperature,
-            "identity": self.identity,
-        }
-
-    def adapter_parameters(self) -> list[nn.Parameter]:
-        """Parameters of the two adapters (empty when ``identity``)."""
-        return [*self.query_proj.parameters(), *self.ref_proj.parameters()]
-
-    def scores(self, query_proj: Tensor, ref_proj: Tensor) -> Tensor:
-        """Attention logits from projections: ``[Q, P] x [K, P] -> [Q, K]``, already divided by the temperature."""
-        return (query_proj @ ref_proj.T) / (self.scale * self.temperature)
-
-    def attention(self, query_emb: Tensor, ref_emb: Tensor) -> Tensor:
-        """Attention weights ``[Q, K]`` (rows sum to 1) of ``query_emb`` ``[Q, D]`` over ``ref_emb`` ``[K, D]``."""
-        return torch.softmax(self.scores(self.query_proj(query_emb), self.ref_proj(ref_emb)), dim=-1)
-
-    def forward(self, query_emb: Tensor, ref_emb: Tensor, ref_difficulty: Tensor) -> Tensor:
-        """Uncalibrated ``d_hat`` ``[Q]`` from ``query_emb`` ``[Q, D]``, ``ref_emb`` ``[K, D]``, ``ref_difficulty`` ``[K]``."""
-        return self.attention(query_emb, ref_emb) @ ref_difficulty.to(query_emb)  # [Q, K] @ [K] -> [Q]
-
-    def calibrate(self, d_hat: Tensor, ref_difficulty: Tensor) -> Tensor:
-        """Platt-calibrate ``d_hat`` ``[Q]`` with ``(w, b) = calibrator(ref_difficulty [K])``."""
-        w, b = self.calibrator(ref_difficulty)
-        return platt_calibrate(d_hat, w, b)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Calibration, selection weights, sampling, correlation
-# ---------------------------------------------------------------------------------------------------------------
-def platt_calibrate(d_hat: Tensor, w: float | Tensor, b: float | Tensor, eps: float = EPS) -> Tensor:
-    """``sigmoid(w * logit(clamp(d_hat, eps, 1 - eps)) + b)``, elementwise on ``d_hat`` ``[Q]``."""
-    return torch.sigmoid(w * torch.logit(d_hat.clamp(eps, 1.0 - eps)) + b)
-
-
-def fit_linear_calibration(pred_ref: Tensor | np.ndarray, true_ref: Tensor | np.ndarray) -> tuple[float, float]:
-    """Least-squares line ``true ~ slope * pred + intercept`` on the reference set (the reference code's form).
-
-    Args:
-        pred_ref: ``[K]`` predicted difficulties of the reference prompts.
-        true_ref: ``[K]`` their rolled-out difficulties.
-
-    Returns:
-        ``(slope, intercept)``. Degenerate case: when ``pred_ref`` has (numerically) zero variance, or ``K < 2``,
-        the line is flat: ``slope = 0, intercept = mean(true_ref)`` (every prediction becomes the reference mean).
-    """
-    p = np.asarray(torch.as_tensor(pred_ref).detach().cpu(), dtype=np.float64).reshape(-1)
-    t = np.asarray(torch.as_tensor(true_ref).detach().cpu(), dtype=np.float64).reshape(-1)
-    if p.shape != t.shape or p.size == 0:
-        raise ValueError(f"pred_ref and true_ref must be non-empty and of one shape, got {p.shape} and {t.shape}")
-    var = float(np.mean((p - p.mean()) ** 2))
-    if p.size < 2 or var < 1e-12:
-        return 0.0, float(t.mean())
-    slope = float(np.mean((p - p.mean()) * (t - t.mean())) / var)
-    return slope, float(t.mean() - slope * p.mean())
-
-
-def apply_linear_calibration(d_hat: Tensor, slope: float, intercept: float) -> Tensor:
-    """``clip(slope * d_hat + intercept, 0, 1)`` on ``d_hat`` ``[Q]``."""
-    return (slope * d_hat + intercept).clamp(0.0, 1.0)
-
-
-def difficulty_logits(d_hat: Tensor, alpha: float = 0.5, tau: float = 1e-3) -> Tensor:
-    """Selection log-weights ``-|d_hat - alpha| / tau`` ``[S]`` (log of DOTS's unnormalised probabilities)."""
-    return -(d_hat - alpha).abs() / tau
-
-
-def sample_without_replacement(
-    log_weights: Tensor,
-    k: int,
-    generator: torch.Generator | None = None,
-    exclude: Tensor | None = None,
-) -> Tensor:
-    """Draw ``k`` distinct indices with probability proportional to ``exp(log_weights)``, sequentially without
-    replacement, by Gumbel-top-k: ``argtopk(log_weights + Gumbel noise)``.
-
-    Computed in float64 log space, so it never fails for tiny temperatures: with log-weights around ``-1e9``
-    (``tau = 1e-9``) the noise is still resolved and the items with the largest log-weights (closest to alpha)
-    win. ``-inf`` / NaN log-weights are allowed and rank last. The noise is drawn for all ``S`` items, so a seeded
-    ``generator`` gives the same draw whatever the mask.
-
-    Args:
-        log_weights: ``[S]`` unnormalised log-probabilities.
-        k: number of indices to draw.
-        generator: source of the Gumbel noise (``torch.Generator``, CPU).
-        exclude: optional ``[S]`` bool mask of indices that must not be drawn.
-
-    Returns:
-        ``[k]`` int64 indices in draw order (the first is the first sequential draw).
-
-    Raises:
-        ValueError: if ``k`` exceeds the number of allowed (non-excluded) items, or is negative.
-    """
-    lw = torch.as_tensor(log_weights).detach().reshape(-1).to("cpu", torch.float64)  # [S]
-    n = lw.numel()
-    allowed = torch.arange(n)
-    if exclude is not None:
-        mask = torch.as_tensor(exclude, dtype=torch.bool).reshape(-1).cpu()
-        if mask.numel() != n:
-            raise ValueError(f"`exclude` has {mask.numel()} entries but there are {n} log-weights")
-        allowed = allowed[~mask]
-    if int(k) != k or k < 0 or k > allowed.numel():
-        raise ValueError(
-            f"cannot draw k={k!r} distinct items (the batch size) from {allowed.numel()} allowed items "
-            f"({n} in all, {n - allowed.numel()} excluded)"
-        )
-    u = torch.rand(n, generator=generator, dtype=torch.float64).clamp_min(torch.finfo(torch.float64).tiny)
-    keys = torch.nan_to_num(lw, nan=-math.inf) - torch.log(-torch.log(u))  # [S] log w + Gumbel(0, 1)
-    top = torch.topk(keys[allowed], int(k), sorted=True).indices  # [k] positions within `allowed`
-    return allowed[top].to(torch.long)
-
-
-def pearson(x: Tensor | np.ndarray, y: Tensor | np.ndarray) -> float:
-    """Pearson correlation of two ``[n]`` vectors over their jointly finite entries; NaN when fewer than two such
-    entries remain or either side has zero variance."""
-    a = np.asarray(torch.as_tensor(x).detach().cpu(), dtype=np.float64).reshape(-1)
-    b = np.asarray(torch.as_tensor(y).detach().cpu(), dtype=np.float64).reshape(-1)
-    if a.shape != b.shape:
-        raise ValueError(f"pearson needs two vectors of one length, got {a.size} and {b.size}")
-    ok = np.isfinite(a) & np.isfinite(b)
-    if ok.sum() < 2:
-        return math.nan
-    a, b = a[ok] - a[ok].mean(), b[ok] - b[ok].mean()
-    denom = math.sqrt(float(np.sum(a * a)) * float(np.sum(b * b)))
-    if denom < 1e-12:
-        return math.nan
-    return float(np.clip(np.sum(a * b) / denom, -1.0, 1.0))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Prediction from projections (shared by the selector, evaluation and offline fitting)
-# ---------------------------------------------------------------------------------------------------------------
-@torch.no_grad()
-def _attend(predictor: AttentionDifficultyPredictor, query_proj: Tensor, ref_proj: Tensor, d_ref: Tensor) -> Tensor:
-    """Uncalibrated ``d_hat`` ``[Q]`` from projections ``[Q, P]``, ``[K, P]`` and labels ``[K]``, in row chunks."""
-    out = [
-        torch.softmax(predictor.scores(query_proj[i : i + _CHUNK], ref_proj), dim=-1) @ d_ref
-        for i in range(0, query_proj.shape[0], _CHUNK)
-    ]
-    return torch.cat(out) if out else query_proj.new_zeros(0)
-
-
-@torch.no_grad()
-def _calibrated(
-    predictor: AttentionDifficultyPredictor,
-    query_proj: Tensor,
-    ref_query_proj: Tensor,
-    ref_proj: Tensor,
-    d_ref: Tensor,
-    calibration: str,
-) -> Tensor:
-    """Calibrated, clipped predictions ``[Q]``.
-
-    ``ref_query_proj`` ``[K, P]`` is the *query* projection of the reference prompts: the linear calibration
-    predicts each reference leave-one-out (attending to the other ``K - 1``) and regresses its true label on it.
-    """
-    d_hat = _attend(predictor, query_proj, ref_proj, d_ref)  # [Q]
-    if calibration == "platt":
-        d_hat = predictor.calibrate(d_hat, d_ref)
-    elif calibration == "linear":
-        k = d_ref.numel()
-        if k >= 2:
-            s = predictor.scores(ref_query_proj, ref_proj)  # [K, K]
-            s = s.masked_fill(torch.eye(k, dtype=torch.bool, device=s.device), -math.inf)
-            loo = torch.softmax(s, dim=-1) @ d_ref  # [K] leave-one-out predictions of the references
-            slope, intercept = fit_linear_calibration(loo, d_ref)
-        else:
-            slope, intercept = 1.0, 0.0
-        d_hat = apply_linear_calibration(d_hat, slope, intercept)
-    return d_hat.clamp(0.0, 1.0)
-
-
-@torch.no_grad()
-def _project(module: nn.Module, emb: Tensor, chunk: int = _CHUNK) -> Tensor:
-    """``module`` applied to ``emb`` ``[n, D]`` in row chunks -> ``[n, P]``."""
-    out = [module(emb[i : i + chunk]) for i in range(0, emb.shape[0], chunk)]
-    return torch.cat(out) if out else emb.new_zeros(0, 0)
-
-
-def predict_from_reference(
-    predictor: AttentionDifficultyPredictor,
-    query_emb: Tensor,
-    ref_emb: Tensor,
-    ref_difficulty: Tensor,
-    calibration: Calibration = "linear",
-) -> Tensor:
-    """Calibrated predictions ``[Q]`` in [0, 1] for ``query_emb`` ``[Q, D]`` from ``ref_emb`` ``[K, D]`` and
-    ``ref_difficulty`` ``[K]`` (no gradient). See :class:`DOTSSelector` for the calibration forms."""
-    _check_choice("calibration", calibration, CALIBRATIONS)
-    d_ref = ref_difficulty.to(query_emb)
-    return _calibrated(
-        predictor,
-        _project(predictor.query_proj, query_emb),
-        _project(predictor.query_proj, ref_emb),
-        _project(predictor.ref_proj, ref_emb),
-        d_ref,
-        calibration,
-    )
-
-
-def episodic_bce_loss(
-    predictor: AttentionDifficultyPredictor,
-    query_emb: Tensor,
-    query_difficulty: Tensor,
-    ref_emb: Tensor,
-    ref_difficulty: Tensor,
-    platt: bool = False,
-) -> Tensor:
-    """One training episode: BCE with soft labels between ``d_hat`` (clamped to ``[eps, 1 - eps]``) of the
-    queries ``[Q, D]`` and their true difficulty ``[Q]``, given references ``[K, D]`` / ``[K]``. With ``platt``
-    the prediction passes through the predictor's calibration net first (so the net is trained too)."""
-    d_hat = predictor(query_emb, ref_emb, ref_difficulty)  # [Q]
-    if platt:
-        d_hat = predictor.calibrate(d_hat, ref_difficulty)
-    return F.binary_cross_entropy(d_hat.clamp(EPS, 1.0 - EPS), query_difficulty.to(d_hat))
+__all__ = [
+    "CALIBRATIONS",
+    "EPS",
+    "AttentionDifficultyPredictor",
+    "Calibration",
+    "CalibrationNet",
+    "DOTSSelector",
+    "DifficultyAdapter",
+    "apply_linear_calibration",
+    "difficulty_logits",
+    "episodic_bce_loss",
+    "evaluate_predictor",
+    "fit_adapters",
+    "fit_linear_calibration",
+    "load_predictor",
+    "pearson",
+    "platt_calibrate",
+    "predict_from_reference",
+    "sample_without_replacement",
+    "save_predictor",
+]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -699,126 +434,6 @@ class DOTSSelector:
             self._buffer.popitem(last=False)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Offline fitting, evaluation, persistence
-# ---------------------------------------------------------------------------------------------------------------
-def fit_adapters(
-    predictor: AttentionDifficultyPredictor,
-    embeddings: Tensor,
-    difficulties: Tensor,
-    steps: int = 500,
-    lr: float = 1e-3,
-    reference_size: int = 256,
-    batch_size: int = 256,
-    seed: int = 0,
-    progress: bool = True,
-    train_calibrator: bool = False,
-) -> list[float]:
-    """Fit the adapters offline on labelled prompts by episodic BCE (:func:`episodic_bce_loss`).
-
-    Each step draws a random split of the ``S`` prompts: ``reference_size`` references and ``batch_size`` queries.
-
-    Args:
-        predictor: trained in place (left in eval mode).
-        embeddings: ``[S, D]`` frozen prompt embeddings.
-        difficulties: ``[S]`` difficulties ``1 - pass rate`` in [0, 1].
-        steps / lr: Adam steps and learning rate.
-        reference_size: ``K`` per episode; ``batch_size``: queries per episode (both capped by ``S``).
-        seed: seeds the episode draws.
-        progress: show a tqdm bar.
-        train_calibrator: also train the Platt :class:`CalibrationNet` (use when selecting with ``"platt"``).
-
-    Returns:
-        The ``steps`` losses.
-    """
-    emb = torch.as_tensor(embeddings).detach().float()
-    d = torch.as_tensor(difficulties).detach().float().reshape(-1)
-    if emb.ndim != 2 or emb.shape[0] != d.numel() or emb.shape[0] < 2:
-        raise ValueError(
-            f"need [S, D] embeddings and [S] difficulties with S >= 2, got {tuple(emb.shape)}, {d.numel()}"
-        )
-    if (d < 0).any() or (d > 1).any():
-        raise ValueError("`difficulties` must lie in [0, 1]")
-    s = emb.shape[0]
-    k = max(1, min(int(reference_size), s - 1))
-    q = max(1, min(int(batch_size), s - k))
-    params = predictor.adapter_parameters() + (list(predictor.calibrator.parameters()) if train_calibrator else [])
-    if not params:
-        raise ValueError("the predictor has no trainable parameters (identity adapters and train_calibrator=False)")
-    opt = torch.optim.Adam(params, lr=lr)
-    gen = torch.Generator().manual_seed(seed)
-    it: Any = range(int(steps))
-    if progress:
-        from tqdm.auto import tqdm  # lazy: selection/ depends on torch / numpy only
-
-        it = tqdm(it, desc="fit DOTS adapters")
-    predictor.train()
-    losses: list[float] = []
-    for _ in it:
-        perm = torch.randperm(s, generator=gen)
-        r, qi = perm[:k], perm[k : k + q]
-        loss = episodic_bce_loss(predictor, emb[qi], d[qi], emb[r], d[r], platt=train_calibrator)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-        if progress:
-            it.set_postfix(loss=f"{losses[-1]:.4f}")
-    predictor.eval()
-    return losses
-
-
-def evaluate_predictor(
-    predictor: AttentionDifficultyPredictor,
-    embeddings: Tensor,
-    difficulties: Tensor,
-    reference_size: int = 256,
-    seed: int = 0,
-    calibration: Calibration = "linear",
-) -> dict[str, float]:
-    """Pearson correlation and mean absolute error of predictions for the non-reference prompts, with a random
-    reference set of ``reference_size`` drawn by ``seed``. Returns ``{"pearson": ..., "mae": ...}``."""
-    emb = torch.as_tensor(embeddings).detach().float()
-    d = torch.as_tensor(difficulties).detach().float().reshape(-1)
-    s = emb.shape[0]
-    k = max(1, min(int(reference_size), s - 1))
-    perm = torch.randperm(s, generator=torch.Generator().manual_seed(seed))
-    r, q = perm[:k], perm[k:]
-    pred = predict_from_reference(predictor, emb[q], emb[r], d[r], calibration)
-    return {"pearson": pearson(pred, d[q]), "mae": float((pred - d[q]).abs().mean())}
-
-
-def save_predictor(path: str | os.PathLike, predictor: AttentionDifficultyPredictor, meta: dict | None = None) -> None:
-    """Write ``{"config", "state_dict", "meta"}`` with ``torch.save`` (atomically: temp file + ``os.replace``).
-    ``meta`` (plain types: embedding model, data set, metrics ...) is read back by ``load_predictor(..., True)``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "config": predictor.config(),
-        "state_dict": {k: v.detach().cpu().clone() for k, v in predictor.state_dict().items()},
-        "meta": dict(meta or {}),
-    }
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save(payload, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def load_predictor(
-    path: str | os.PathLike, return_meta: bool = False, map_location: str | torch.device = "cpu"
-) -> AttentionDifficultyPredictor | tuple[AttentionDifficultyPredictor, dict]:
-    """Rebuild a predictor written by :func:`save_predictor` (eval mode); with ``return_meta`` also its meta."""
-    payload = torch.load(path, map_location=map_location, weights_only=True)
-    predictor = AttentionDifficultyPredictor(**payload["config"])
-    predictor.load_state_dict(payload["state_dict"])
-    predictor.eval()
-    return (predictor, payload.get("meta", {})) if return_meta else predictor
-
-
 def _array(value: Any, dtype: type) -> np.ndarray | None:
     """A checkpoint value (tensor, array, list or None) as a fresh 1-D numpy array of ``dtype`` (or None)."""
     if value is None:
@@ -826,8 +441,3 @@ def _array(value: Any, dtype: type) -> np.ndarray | None:
     if isinstance(value, Tensor):
         value = value.detach().cpu().numpy()
     return np.array(value, dtype=dtype).reshape(-1)
-
-
-def _check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"`{option}` must be one of {list(choices)}, got {value!r}")

@@ -1,0 +1,124 @@
+"""Derived figures of the study: targets, per-run costs to reach them, and per-strategy summaries across seeds.
+
+Targets (per pool size, from the uniform runs of that pool):
+- ``accuracy``: uniform GRPO's final held-out accuracy on the learnable bucket (``val/accuracy/learnable``),
+  averaged over uniform's seeds;
+- ``train_reward``: uniform's final ``train_pool_reward`` (fixed 256-prompt training subset, T=1, G=4), averaged
+  over uniform's seeds.
+A run's cost to reach a target is the first crossing of its curve (linear interpolation between evaluation
+points) in cumulative completions, rollout steps and training wall time; a run that never reaches it is censored
+("not reached"). Ratios are paired by seed and summarised by :func:`lit_rlft.bench.stats.ratio_summary`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from lit_rlft.bench.stats import crossing, mean_interval, ratio_summary
+
+TARGETS = {"accuracy": "val/accuracy/learnable", "train_reward": "train_pool_reward"}
+MEASURES = ("completions", "step", "wall_s")
+#: Extra paired comparisons besides "vs uniform": (strategy, baseline).
+COMPARISONS = (("dps", "dynamic_sampling"),)
+
+
+def _series_values(run: dict[str, Any], tag: str) -> np.ndarray:
+    return np.asarray([v for _, v in run.get("series", {}).get(tag, []) if v is not None], dtype=float)
+
+
+def _finite_mean(values: np.ndarray) -> float | None:
+    values = values[np.isfinite(values)]
+    return float(values.mean()) if values.size else None
+
+
+def compute_targets(runs: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Targets from the ``uniform`` runs given (one pool size)."""
+    uniform = [r for r in runs if r["strategy"] == "uniform" and r.get("status") == "ok" and r.get("curve")]
+    out: dict[str, float | None] = {}
+    for kind, key in TARGETS.items():
+        finals = [r["curve"][-1].get(key) for r in uniform]
+        finals = [f for f in finals if f is not None]
+        out[kind] = float(np.mean(finals)) if finals else None
+    return out
+
+
+def run_metrics(run: dict[str, Any], targets: dict[str, float | None]) -> dict[str, Any]:
+    """Per-run figures: start and final curve values, costs to reach each target, series means."""
+    curve = run["curve"]
+    out: dict[str, Any] = {"final": dict(curve[-1]), "start": dict(curve[0]), "reached": {}}
+    for kind, key in TARGETS.items():
+        target = targets.get(kind)
+        ys = [p.get(key) for p in curve]
+        if target is not None and ys[0] is not None and ys[0] >= target:  # met before training: costs nothing
+            out["reached"][kind] = dict.fromkeys(MEASURES, 0.0)
+        else:
+            out["reached"][kind] = {m: (None if target is None else crossing([p[m] for p in curve], ys, target))
+                                    for m in MEASURES}
+    out["mean_effective_ratio"] = _finite_mean(_series_values(run, "effective_ratio"))
+    name = run.get("selection_name")
+    out["fresh_effective_ratio"] = _finite_mean(_series_values(run, f"{name}/effective_ratio")) if name else None
+    out["dots_pearson"] = _finite_mean(_series_values(run, "dots/pearson"))
+    out["cold_start_pearson"] = _finite_mean(_series_values(run, "dps/cold_start_pearson"))
+    out["dps_accuracy"] = _finite_mean(_series_values(run, "dps/accuracy"))
+    out["overhead_share"] = None
+    if name:
+        overhead = _series_values(run, f"{name}/overhead_s").sum()
+        total = (_series_values(run, "time/step_s").sum() + overhead
+                 + _series_values(run, f"{name}/reference_generation_s").sum())
+        out["overhead_share"] = float(overhead / total) if total > 0 else None
+    budget = run.get("budget", {})
+    by = budget.get("by_purpose", {})
+    out["completions"] = budget.get("completions")
+    out["non_train_share"] = (1 - by.get("train", 0) / budget["completions"]) if budget.get("completions") else None
+    return out
+
+
+def _paired(per_seed: dict[str, dict[int, dict[str, Any]]], a: str, b: str, kind: str, measure: str) -> list:
+    seeds = sorted(set(per_seed.get(a, {})) & set(per_seed.get(b, {})))
+    return [(per_seed[a][s]["reached"][kind][measure], per_seed[b][s]["reached"][kind][measure]) for s in seeds]
+
+
+def summarise_pool(runs: list[dict[str, Any]], strategies: list[str], confidence: float) -> dict[str, Any]:
+    """All derived figures of one pool size."""
+    targets = compute_targets(runs)
+    per_seed: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
+    for r in runs:
+        if r.get("status") == "ok" and r.get("curve"):
+            per_seed[r["strategy"]][r["seed"]] = run_metrics(r, targets)
+    table: dict[str, Any] = {}
+    for s in strategies:
+        ms = list(per_seed.get(s, {}).values())
+        row: dict[str, Any] = {
+            "n_ok": len(ms), "n_failed": sum(1 for r in runs if r["strategy"] == s and r.get("status") != "ok"),
+            "final_accuracy_learnable": mean_interval([m["final"].get(TARGETS["accuracy"]) for m in ms], confidence),
+            "final_accuracy": mean_interval([m["final"].get("val/accuracy") for m in ms], confidence),
+            "final_train_reward": mean_interval([m["final"].get("train_pool_reward") for m in ms], confidence),
+            "start_accuracy_learnable": mean_interval([m["start"].get(TARGETS["accuracy"]) for m in ms], confidence),
+            "steps": mean_interval([m["final"]["step"] for m in ms], confidence),
+            "train_wall_s": mean_interval([m["final"]["wall_s"] for m in ms], confidence),
+            "mean_effective_ratio": mean_interval([m["mean_effective_ratio"] for m in ms], confidence),
+            "fresh_effective_ratio": mean_interval([m["fresh_effective_ratio"] for m in ms], confidence),
+            "dots_pearson": mean_interval([m["dots_pearson"] for m in ms], confidence),
+            "cold_start_pearson": mean_interval([m["cold_start_pearson"] for m in ms], confidence),
+            "dps_accuracy": mean_interval([m["dps_accuracy"] for m in ms], confidence),
+            "overhead_share": mean_interval([m["overhead_share"] for m in ms], confidence),
+            "non_train_share": mean_interval([m["non_train_share"] for m in ms], confidence),
+            "reached": {k: sum(1 for m in ms if m["reached"][k]["completions"] is not None) for k in TARGETS},
+            "vs_uniform": {k: {m: ratio_summary(_paired(per_seed, s, "uniform", k, m), confidence)
+                               for m in MEASURES} for k in TARGETS},
+        }
+        eff = [(per_seed[s][x]["mean_effective_ratio"], per_seed["uniform"][x]["mean_effective_ratio"])
+               for x in sorted(set(per_seed.get(s, {})) & set(per_seed.get("uniform", {})))]
+        eff = [(a, b) for a, b in eff if a and b]  # both positive (an all-degenerate run has no ratio)
+        row["effective_ratio_vs_uniform"] = ratio_summary(eff, confidence)
+        table[s] = row
+    comparisons = {}
+    for a, b in COMPARISONS:
+        if a in per_seed and b in per_seed:
+            comparisons[f"{a}_vs_{b}"] = {k: {m: ratio_summary(_paired(per_seed, a, b, k, m), confidence)
+                                              for m in MEASURES} for k in TARGETS}
+    return {"targets": targets, "strategies": table, "comparisons": comparisons,
+            "per_run": {f"{s}-seed{seed}": m for s, d in per_seed.items() for seed, m in d.items()}}

@@ -1,0 +1,99 @@
+"""The study's plots: mean across seeds (line) with a +-1 standard deviation band, one line per strategy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from lit_rlft.reporting import _smooth  # noqa: E402
+
+PANELS = (("val/accuracy/learnable", "held-out accuracy, 3+4 numbers (T=1)", "accuracy"),
+          ("train_pool_reward", "training-pool reward (fixed subset, T=1, G=4)", "train_reward"))
+X_AXES = {"completions": "cumulative completions (all purposes)", "wall_s": "training wall time (s, excl. eval)"}
+
+
+def _mean_band(curves: list[tuple[np.ndarray, np.ndarray]], points: int = 120):
+    """Interpolate each ``(x, y)`` curve onto a common grid over the range all of them cover."""
+    curves = [(x, y) for x, y in curves if len(x) > 0]
+    if not curves:
+        return None
+    hi = min(float(x[-1]) for x, _ in curves)
+    lo = max(float(x[0]) for x, _ in curves)
+    if len(curves) == 1 or hi <= lo:
+        x, y = curves[0]
+        return x, y, None
+    grid = np.linspace(lo, hi, points)
+    ys = np.stack([np.interp(grid, x, y) for x, y in curves])
+    return grid, ys.mean(axis=0), ys.std(axis=0, ddof=1)
+
+
+def _draw(ax: Any, curves: dict[str, list[tuple[np.ndarray, np.ndarray]]]) -> None:
+    for i, (strategy, cs) in enumerate(curves.items()):
+        mb = _mean_band(cs)
+        if mb is None:
+            continue
+        x, mean, sd = mb
+        color = f"C{i % 10}"
+        ax.plot(x, mean, color=color, label=f"{strategy} (n={len(cs)})", marker="o" if len(x) < 30 else None, ms=3)
+        if sd is not None:
+            ax.fill_between(x, mean - sd, mean + sd, color=color, alpha=0.15)
+
+
+def _curve_xy(run: dict[str, Any], x_key: str, y_key: str) -> tuple[np.ndarray, np.ndarray]:
+    pts = [(p[x_key], p[y_key]) for p in run["curve"] if p.get(y_key) is not None]
+    return np.asarray([a for a, _ in pts], float), np.asarray([b for _, b in pts], float)
+
+
+def plot_curves(runs: list[dict[str, Any]], strategies: list[str], targets: dict[str, float | None], x_key: str,
+                path: Path, title: str) -> Path:
+    """Held-out learnable accuracy and training-pool reward against ``x_key`` (``completions`` or ``wall_s``)."""
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
+    for ax, (y_key, label, target_kind) in zip(axes, PANELS):
+        curves = {s: [_curve_xy(r, x_key, y_key) for r in runs if r["strategy"] == s] for s in strategies}
+        _draw(ax, {s: c for s, c in curves.items() if c})
+        if targets.get(target_kind) is not None:
+            ax.axhline(targets[target_kind], color="gray", ls="--", lw=1, label="target (uniform's final)")
+        ax.set_xlabel(X_AXES[x_key])
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7, loc="best")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_effective_ratio(runs: list[dict[str, Any]], strategies: list[str], path: Path, title: str,
+                         window: int = 10) -> Path:
+    """Per-step effective ratio of the trained batch (``window``-step mean) against cumulative completions."""
+    fig, ax = plt.subplots(figsize=(8, 4.6))
+    curves: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for s in strategies:
+        for r in runs:
+            if r["strategy"] != s:
+                continue
+            eff = dict((int(k), v) for k, v in r["series"].get("effective_ratio", []))
+            done = dict((int(k), v) for k, v in r["series"].get("budget/completions", []))
+            steps = sorted(set(eff) & set(done))
+            if steps:
+                x = np.asarray([done[k] for k in steps], float)
+                y = np.asarray(_smooth([eff[k] for k in steps], window), float)
+                curves.setdefault(s, []).append((x, y))
+    _draw(ax, curves)
+    ax.set_xlabel(X_AXES["completions"])
+    ax.set_ylabel(f"effective ratio of the trained batch ({window}-step mean)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)

@@ -1,0 +1,164 @@
+"""``results.md``: the study's tables (markdown), from the summaries of :mod:`lit_rlft.bench.derived`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lit_rlft.bench.config import StudyConfig
+
+DASH = "–"
+
+
+def fmt_mean(mi: dict[str, Any], digits: int = 3) -> str:
+    """``mean [low, high]``, or the mean alone with one seed."""
+    if mi is None or mi.get("mean") is None:
+        return DASH
+    text = f"{mi['mean']:.{digits}f}"
+    if mi.get("low") is not None:
+        text += f" [{mi['low']:.{digits}f}, {mi['high']:.{digits}f}]"
+    return text
+
+
+def fmt_ratio(rs: dict[str, Any]) -> str:
+    """A ratio summary as ``0.71 [0.52, 0.97]``, with censoring said in words."""
+    status = rs["status"]
+    if status == "no_data":
+        return DASH
+    if status == "not_reached":
+        return f"not reached ({rs['a_not_reached']}/{rs['n']})"
+    if status == "baseline_not_reached":
+        return "baseline not reached"
+    if status == "at_start":
+        return "met at start"
+    text = f"{rs['ratio']:.2f}"
+    if rs["low"] is not None:
+        text += f" [{rs['low']:.2f}, {rs['high']:.2f}]"
+    notes = []
+    if rs["a_not_reached"]:
+        notes.append(f"{rs['a_not_reached']}/{rs['n']} not reached")
+    if rs["b_not_reached"]:
+        notes.append(f"baseline {rs['b_not_reached']}/{rs['n']} not reached")
+    if rs.get("at_start"):
+        notes.append(f"{rs['at_start']}/{rs['n']} met at start")
+    return text + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def degeneracy_lines(degeneracy: dict[str, Any]) -> list[str]:
+    lines = []
+    for size, d in degeneracy.items():
+        if "error" in d:
+            lines += [f"Pool {size}: measurement failed: `{d['error']}`", ""]
+            continue
+        rows = [[k, str(v["n"]), f"{v['all_correct']:.3f}", f"{v['all_wrong']:.3f}", f"{v['mixed']:.3f}",
+                 f"**{v['degenerate']:.3f}**"] for k, v in [*d["by_difficulty"].items(), ("all", d["overall"])]]
+        verdict = "meets" if d["meets_half_degenerate"] else "does NOT meet (add 5-number problems: --five-numbers)"
+        lines += [f"Pool {size} ({d['sampled']} prompts x G={d['G']} under the warm start, T=1): {verdict} the "
+                  "'at least half degenerate' requirement.", "",
+                  *_table(["numbers", "prompts", "all correct", "all wrong", "mixed", "degenerate"], rows), ""]
+    return lines
+
+
+def main_lines(pool: dict[str, Any], strategies: list[str]) -> list[str]:
+    t = pool["strategies"]
+    rows = [[s, f"{t[s]['n_ok']}" + (f" (+{t[s]['n_failed']} failed)" if t[s]["n_failed"] else ""),
+             fmt_mean(t[s]["final_accuracy_learnable"]), fmt_mean(t[s]["final_accuracy"]),
+             fmt_mean(t[s]["final_train_reward"]), fmt_mean(t[s]["mean_effective_ratio"]),
+             fmt_mean(t[s]["steps"], 0), fmt_mean(t[s]["train_wall_s"], 0)] for s in strategies if s in t]
+    return _table(["strategy", "runs", "final held-out acc 3+4", "final held-out acc (all)", "final train-pool reward",
+                   "mean effective ratio", "steps", "train wall s"], rows)
+
+
+def cost_lines(pool: dict[str, Any], strategies: list[str]) -> list[str]:
+    t = pool["strategies"]
+    rows = []
+    for s in strategies:
+        if s not in t:
+            continue
+        v = t[s]["vs_uniform"]
+        r = t[s]["reached"]
+        n = t[s]["n_ok"]
+        rows.append([s, f"{r['accuracy']}/{n}", fmt_ratio(v["accuracy"]["completions"]),
+                     fmt_ratio(v["accuracy"]["step"]), fmt_ratio(v["accuracy"]["wall_s"]),
+                     f"{r['train_reward']}/{n}", fmt_ratio(v["train_reward"]["completions"]),
+                     fmt_ratio(v["train_reward"]["step"]), fmt_ratio(v["train_reward"]["wall_s"])])
+    return _table(["strategy", "reached acc target", "rollouts (acc)", "steps (acc)", "wall (acc)",
+                   "reached reward target", "rollouts (reward)", "steps (reward)", "wall (reward)"], rows)
+
+
+def comparison_lines(pool: dict[str, Any]) -> list[str]:
+    rows = []
+    for name, c in pool["comparisons"].items():
+        for kind in ("accuracy", "train_reward"):
+            rows.append([name.replace("_vs_", " / "), kind, fmt_ratio(c[kind]["completions"]),
+                         fmt_ratio(c[kind]["step"]), fmt_ratio(c[kind]["wall_s"])])
+    return _table(["ratio", "target", "rollouts", "steps", "wall time"], rows) if rows else []
+
+
+def diagnostic_lines(pool: dict[str, Any], strategies: list[str]) -> list[str]:
+    t = pool["strategies"]
+    rows = [[s, fmt_ratio(t[s]["effective_ratio_vs_uniform"]), fmt_mean(t[s]["fresh_effective_ratio"]), fmt_mean(t[s]["dots_pearson"]),
+             fmt_mean(t[s]["cold_start_pearson"]), fmt_mean(t[s]["dps_accuracy"]), fmt_mean(t[s]["overhead_share"], 4),
+             fmt_mean(t[s]["non_train_share"])] for s in strategies if s in t]
+    return _table(["strategy", "effective ratio / uniform's", "fresh-batch effective ratio", "DOTS Pearson",
+                   "cold-start Pearson", "DPS prediction accuracy", "selection overhead share of step time",
+                   "share of completions not for training"], rows)
+
+
+def sweep_lines(pools: dict[str, Any], strategies: list[str]) -> list[str]:
+    sizes = list(pools)
+    header = ["strategy", *[f"acc 3+4 @ {s}" for s in sizes], *[f"rollouts to acc target vs uniform @ {s}" for s in sizes]]
+    rows = []
+    for st in strategies:
+        rows.append([st, *[fmt_mean(pools[s]["strategies"].get(st, {}).get("final_accuracy_learnable")) for s in sizes],
+                     *[fmt_ratio(pools[s]["strategies"][st]["vs_uniform"]["accuracy"]["completions"])
+                       if st in pools[s]["strategies"] else DASH for s in sizes]])
+    return _table(header, rows)
+
+
+def results_markdown(cfg: StudyConfig, study: dict[str, Any]) -> str:
+    pools = study["pools"]
+    main = str(cfg.pool_sizes[0])
+    strategies = cfg.strategies
+    pool = pools[main]
+    tg = pool["targets"]
+    step = cfg.batch_size * cfg.num_generations
+    fmt_t = {k: (f"{v:.3f}" if v is not None else "n/a (no uniform run)") for k, v in tg.items()}
+    lines = [
+        "# lit_rlft bench: online data selection for GRPO on Countdown, at equal rollout budgets", "",
+        f"Main comparison: pool {main}, seeds {cfg.seeds}; budget {cfg.budget_completions:,} completions per run "
+        f"(all purposes; {cfg.budget_completions // step} uniform steps of B={cfg.batch_size} x G={cfg.num_generations}); "
+        f"{cfg.num_evals} evaluations after the start on {cfg.eval_size} held-out prompts x {cfg.eval_num_generations} "
+        f"samples at T={cfg.temperature}. Warm start: `{study['warm_start']}`. Study wall time "
+        f"{study['timings'].get('study_s', 0):.0f} s ({study['timings'].get('runs_executed', 0)} runs executed now, "
+        f"{study['timings'].get('runs_reused', 0)} reused).", "",
+        "## Pool degeneracy at the start", "", *degeneracy_lines(study["degeneracy"]),
+        f"## Outcomes (pool {main})", "", "Mean over seeds [95% t-interval across seeds].", "",
+        *main_lines(pool, strategies), "",
+        f"## Cost to reach uniform's final level (pool {main}), as a ratio to uniform", "",
+        f"Targets: held-out accuracy 3+4 = {fmt_t['accuracy']}, training-pool reward = {fmt_t['train_reward']} "
+        "(uniform's final values, mean over its seeds). Ratio < 1: the strategy gets there with less. Geometric mean "
+        "of per-seed ratios (paired by seed) [95% t-interval on log-ratios]; censored seeds are said in words and "
+        "left out of the estimate.", "",
+        *cost_lines(pool, strategies), "",
+        *(["### DPS against dynamic sampling", "", *comparison_lines(pool), ""] if pool["comparisons"] else []),
+        "## Diagnostics", "", *diagnostic_lines(pool, strategies), "",
+        "Selection overhead = time in the selection callback except reference rollouts, over (training step + that "
+        "time + reference rollouts). Not-for-training completions: DOTS / cold-start reference sets "
+        f"({cfg.reference_size} prompts x G every {cfg.update_every} steps = "
+        f"{cfg.reference_size * cfg.num_generations / cfg.update_every:.0f} completions per step, "
+        f"{cfg.reference_size / cfg.update_every / cfg.batch_size:.0%} of a uniform step) and dynamic sampling's "
+        "discarded rounds.", "",
+    ]
+    if len(pools) > 1:
+        lines += ["## Pool-size sweep", "", f"Seeds {cfg.seeds[: cfg.sweep_seeds]} outside the main pool.", "",
+                  *sweep_lines(pools, strategies), ""]
+    failed = [r for r in study["runs"] if r.get("status") != "ok"]
+    lines += ["## Failed runs", ""]
+    lines += [f"- `{r['run']}`: {r.get('error', 'unknown error')}" for r in failed] or ["None."]
+    lines += ["", "![accuracy vs rollouts](accuracy_vs_rollouts.png)", "",
+              "![accuracy vs time](accuracy_vs_time.png)", "", "![effective ratio](effective_ratio.png)", ""]
+    return "\n".join(lines)

@@ -1,0 +1,81 @@
+"""The study end to end: warm start, pool degeneracy, every run, derived figures, ``study.json``, ``results.md``
+and the three plots under ``<out>``."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from lit_rlft.bench.config import StudyConfig
+from lit_rlft.bench.degeneracy import measure_degeneracy
+from lit_rlft.bench.derived import summarise_pool
+from lit_rlft.bench.jsonio import read_json, write_json
+from lit_rlft.bench.plots import plot_curves, plot_effective_ratio
+from lit_rlft.bench.report import results_markdown
+from lit_rlft.bench.runner import execute_runs
+from lit_rlft.bench.warm_start import resolve_warm_start
+
+
+def pool_degeneracy(cfg: StudyConfig, out: Path, warm_start: str) -> dict[str, Any]:
+    """Degeneracy of each pool under the warm start (cached in ``<out>/degeneracy-pool<N>.json``)."""
+    result = {}
+    for size in cfg.pool_sizes:
+        path = out / f"degeneracy-pool{size}.json"
+        key = {"warm_start": warm_start, "fingerprint": cfg.run_fingerprint(), "sample": cfg.degeneracy_sample,
+               "G": cfg.degeneracy_generations}
+        cached = read_json(path)
+        if cached and cached.get("key") == key:
+            result[str(size)] = cached["result"]
+            continue
+        try:
+            result[str(size)] = measure_degeneracy(cfg, size, warm_start, threads=cfg.threads)
+            write_json(path, {"key": key, "result": result[str(size)]})
+        except Exception as exc:  # reported, never fatal
+            result[str(size)] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+    return result
+
+
+def run_study(cfg: StudyConfig, out: str | Path, progress: bool = True) -> dict[str, Any]:
+    """Run (or resume) the study and write its outputs; returns the ``study.json`` content."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    warm_start = resolve_warm_start(cfg, out, threads=cfg.sft_threads)
+    timings: dict[str, Any] = {"warm_start_s": time.perf_counter() - t0}
+    degeneracy = pool_degeneracy(cfg, out, warm_start)
+    timings["degeneracy_s"] = time.perf_counter() - t0 - timings["warm_start_s"]
+    for size, d in degeneracy.items():
+        if not d.get("meets_half_degenerate", True):
+            print(f"lit-rlft bench: pool {size} is only {d['overall']['degenerate']:.0%} degenerate at the start "
+                  "(< 50%): consider --five-numbers")
+    t_runs = time.perf_counter()
+    executed = execute_runs(cfg, warm_start, out, progress=progress)
+    timings.update(runs_s=time.perf_counter() - t_runs, runs_executed=executed["executed"],
+                   runs_reused=executed["reused"])
+    runs = executed["records"]
+    pools = {str(size): summarise_pool([r for r in runs if r.get("pool_size") == size], cfg.strategies,
+                                       cfg.confidence) for size in cfg.pool_sizes}
+    timings["study_s"] = time.perf_counter() - t0
+    study = {"config": cfg.to_dict(), "warm_start": warm_start, "degeneracy": degeneracy, "pools": pools,
+             "runs": runs, "timings": timings,
+             "methods": {
+                 "targets": "accuracy: uniform's final held-out accuracy on 3+4 numbers; train_reward: uniform's final "
+                            "training-pool reward; both the mean over uniform's seeds at the same pool size",
+                 "crossing": "first crossing of the curve, linear interpolation between evaluation points; never "
+                             "crossed = not reached (censored)",
+                 "intervals": "ratios: geometric mean of per-seed ratios paired by seed, Student-t 95% interval on "
+                              "log-ratios; means: Student-t 95% interval across seeds; none with one seed",
+                 "plots": "mean across seeds, band = +-1 standard deviation across seeds",
+             }}
+    write_json(out / "study.json", study)
+    main_size = cfg.pool_sizes[0]
+    main_runs = [r for r in runs if r.get("pool_size") == main_size and r.get("status") == "ok" and r.get("curve")]
+    targets = pools[str(main_size)]["targets"]
+    title = f"Countdown, pool {main_size}, budget {cfg.budget_completions:,} completions, seeds {cfg.seeds}"
+    plot_curves(main_runs, cfg.strategies, targets, "completions", out / "accuracy_vs_rollouts.png", title)
+    plot_curves(main_runs, cfg.strategies, targets, "wall_s", out / "accuracy_vs_time.png", title)
+    plot_effective_ratio(main_runs, cfg.strategies, out / "effective_ratio.png", title)
+    (out / "results.md").write_text(results_markdown(cfg, study), encoding="utf-8")
+    return study
