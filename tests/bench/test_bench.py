@@ -1,0 +1,101 @@
+"""`lit-rlft bench` end to end in a tiny form: two strategies, an untrained tiny policy, a 64-prompt pool, a few
+steps, run as subprocesses side by side; checks the structure of every output (not the numbers)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lit_rlft.bench.config import RunSpec, StudyConfig
+from lit_rlft.bench.stats import crossing, ratio_summary
+from lit_rlft.cli import main
+from tests.conftest import TINY_SMALL
+
+TINY_STUDY = dict(
+    warm_start="tiny", tiny=TINY_SMALL, pool_sizes=[64], seeds=[0], batch_size=4, num_generations=4,
+    max_completion_length=8, warmup_steps=1, budget_completions=48, num_evals=2, eval_size=16,
+    train_subset_size=16, degeneracy_sample=64, reference_size=4, update_every=2, replay_capacity=8,
+    dots_online_steps=1,
+)
+
+
+def test_bench_end_to_end_two_strategies(tmp_path, monkeypatch):
+    import lit_rlft.bench.cli as bench_cli
+
+    # The CLI's flags cover the common options; the tiny sizes go through StudyConfig.
+    monkeypatch.setattr(bench_cli, "config_from_args", lambda a: StudyConfig(
+        strategies=a.strategies, jobs=a.jobs, **TINY_STUDY))
+    out = tmp_path / "bench"
+    main(["bench", "--out", str(out), "--strategies", "uniform,dps", "--jobs", "2", "--no-progress"])
+
+    for name in ("uniform-pool64-seed0", "dps-pool64-seed0"):
+        run = json.loads((out / "runs" / f"{name}.json").read_text())
+        assert run["status"] == "ok", run.get("traceback")
+        assert run["budget"]["completions"] >= 48 and run["steps"] >= 3
+        curve = run["curve"]
+        assert len(curve) >= 3 and curve[0]["step"] == 0
+        for point in curve:
+            for key in ("step", "completions", "wall_s", "val/accuracy", "val/accuracy/learnable",
+                        "val/accuracy/difficulty_2", "train_pool_reward"):
+                assert key in point, key
+        assert [p["completions"] for p in curve] == sorted(p["completions"] for p in curve)
+        for tag in ("effective_ratio", "reward", "time/step_s", "time/generation_s", "budget/completions"):
+            assert len(run["series"][tag]) == run["steps"], tag
+    dps = json.loads((out / "runs" / "dps-pool64-seed0.json").read_text())
+    assert "dps/overhead_s" in dps["series"] and "dps/accuracy" in dps["series"]
+
+    study = json.loads((out / "study.json").read_text())
+    assert study["config"]["strategies"] == ["uniform", "dps"]
+    assert len(study["runs"]) == 2
+    deg = study["degeneracy"]["64"]
+    assert set(deg["overall"]) >= {"all_correct", "all_wrong", "mixed", "degenerate"}
+    pool = study["pools"]["64"]
+    assert set(pool["targets"]) == {"accuracy", "train_reward"}
+    row = pool["strategies"]["dps"]
+    assert set(row["vs_uniform"]) == {"accuracy", "train_reward"}
+    assert set(row["vs_uniform"]["accuracy"]) == {"completions", "step", "wall_s"}
+    assert row["dps_accuracy"]["n"] == 1 and row["overhead_share"]["n"] == 1
+
+    results = (out / "results.md").read_text()
+    assert "| strategy |" in results and "| uniform |" in results and "| dps |" in results
+    for png in ("accuracy_vs_rollouts.png", "accuracy_vs_time.png", "effective_ratio.png"):
+        assert (out / png).stat().st_size > 1000, png
+
+    # A re-run resumes: both runs are reused, nothing is trained again.
+    main(["bench", "--out", str(out), "--strategies", "uniform,dps", "--jobs", "2", "--no-progress"])
+    again = json.loads((out / "study.json").read_text())
+    assert again["timings"]["runs_reused"] == 2 and again["timings"]["runs_executed"] == 0
+
+
+def test_a_failed_run_is_recorded_and_reported(tmp_path):
+    from lit_rlft.bench.study import run_study
+
+    # reference_size larger than the pool makes DOTS fail in setup; uniform still runs.
+    cfg = StudyConfig(strategies=["uniform", "dots"], jobs=0, **{**TINY_STUDY, "reference_size": 100})
+    study = run_study(cfg, tmp_path, progress=False)
+    status = {r["run"]: r["status"] for r in study["runs"]}
+    assert status == {"uniform-pool64-seed0": "ok", "dots-pool64-seed0": "failed"}
+    failed = json.loads((tmp_path / "runs" / "dots-pool64-seed0.json").read_text())
+    assert "reference_size" in failed["error"] and failed["traceback"]
+    assert "dots-pool64-seed0" in (tmp_path / "results.md").read_text()
+
+
+def test_study_config_runs_and_quick():
+    cfg = StudyConfig(strategies=["uniform", "dps"], seeds=[0, 1, 2], pool_sizes=[4000, 1000])
+    names = [s.name for s in cfg.runs()]
+    assert names[:2] == ["uniform-pool4000-seed0", "dps-pool4000-seed0"]
+    assert len(names) == 2 * 3 + 2 * 1 and RunSpec("dps", 1000, 0).name in names
+    assert StudyConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    quick = StudyConfig.quick()
+    assert len(quick.runs()) == 8 and quick.budget_completions < cfg.budget_completions
+    with pytest.raises(ValueError, match="unknown strategies"):
+        StudyConfig(strategies=["nope"])
+
+
+def test_crossing_is_interpolated_and_censored():
+    assert crossing([0, 100, 200], [0.1, 0.3, 0.5], 0.4) == pytest.approx(150)
+    assert crossing([0, 100], [0.1, 0.2], 0.4) is None
+    s = ratio_summary([(50.0, 100.0), (None, 100.0), (80.0, 100.0)])
+    assert s["status"] == "partial" and s["a_not_reached"] == 1 and s["low"] is not None
+    assert ratio_summary([(None, 1.0)])["status"] == "not_reached"
