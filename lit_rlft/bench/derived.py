@@ -110,6 +110,11 @@ def summarise_pool(runs: list[dict[str, Any]], strategies: list[str], confidence
             "vs_uniform": {k: {m: ratio_summary(_paired(per_seed, s, "uniform", k, m), confidence)
                                for m in MEASURES} for k in TARGETS},
         }
+        common = sorted(set(per_seed.get(s, {})) & set(per_seed.get("uniform", {})))
+        for kind, key in TARGETS.items():  # paired final difference: informative even when nobody reaches a target
+            diffs = [per_seed[s][x]["final"].get(key, np.nan) - per_seed["uniform"][x]["final"].get(key, np.nan)
+                     for x in common]
+            row[f"final_{kind}_diff_vs_uniform"] = mean_interval(diffs, confidence)
         eff = [(per_seed[s][x]["mean_effective_ratio"], per_seed["uniform"][x]["mean_effective_ratio"])
                for x in sorted(set(per_seed.get(s, {})) & set(per_seed.get("uniform", {})))]
         eff = [(a, b) for a, b in eff if a and b]  # both positive (an all-degenerate run has no ratio)

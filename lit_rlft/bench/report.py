@@ -9,13 +9,14 @@ from lit_rlft.bench.config import StudyConfig
 DASH = "–"
 
 
-def fmt_mean(mi: dict[str, Any], digits: int = 3) -> str:
+def fmt_mean(mi: dict[str, Any] | None, digits: int = 3, signed: bool = False) -> str:
     """``mean [low, high]``, or the mean alone with one seed."""
     if mi is None or mi.get("mean") is None:
         return DASH
-    text = f"{mi['mean']:.{digits}f}"
+    sign = "+" if signed else ""
+    text = f"{mi['mean']:{sign}.{digits}f}"
     if mi.get("low") is not None:
-        text += f" [{mi['low']:.{digits}f}, {mi['high']:.{digits}f}]"
+        text += f" [{mi['low']:{sign}.{digits}f}, {mi['high']:{sign}.{digits}f}]"
     return text
 
 
@@ -25,7 +26,8 @@ def fmt_ratio(rs: dict[str, Any]) -> str:
     if status == "no_data":
         return DASH
     if status == "not_reached":
-        return f"not reached ({rs['a_not_reached']}/{rs['n']})"
+        both = " (nor the baseline)" if rs["b_not_reached"] == rs["n"] else ""
+        return f"not reached ({rs['a_not_reached']}/{rs['n']}){both}"
     if status == "baseline_not_reached":
         return "baseline not reached"
     if status == "at_start":
@@ -65,11 +67,13 @@ def degeneracy_lines(degeneracy: dict[str, Any]) -> list[str]:
 def main_lines(pool: dict[str, Any], strategies: list[str]) -> list[str]:
     t = pool["strategies"]
     rows = [[s, f"{t[s]['n_ok']}" + (f" (+{t[s]['n_failed']} failed)" if t[s]["n_failed"] else ""),
-             fmt_mean(t[s]["final_accuracy_learnable"]), fmt_mean(t[s]["final_accuracy"]),
-             fmt_mean(t[s]["final_train_reward"]), fmt_mean(t[s]["mean_effective_ratio"]),
+             fmt_mean(t[s]["final_accuracy_learnable"]), fmt_mean(t[s]["final_accuracy_diff_vs_uniform"], 3, True),
+             fmt_mean(t[s]["final_accuracy"]), fmt_mean(t[s]["final_train_reward"]),
+             fmt_mean(t[s]["final_train_reward_diff_vs_uniform"], 3, True), fmt_mean(t[s]["mean_effective_ratio"]),
              fmt_mean(t[s]["steps"], 0), fmt_mean(t[s]["train_wall_s"], 0)] for s in strategies if s in t]
-    return _table(["strategy", "runs", "final held-out acc 3+4", "final held-out acc (all)", "final train-pool reward",
-                   "mean effective ratio", "steps", "train wall s"], rows)
+    return _table(["strategy", "runs", "final held-out acc 3+4", "minus uniform's (paired)", "final held-out acc (all)",
+                   "final train-pool reward", "minus uniform's (paired)", "mean effective ratio", "steps",
+                   "train wall s"], rows)
 
 
 def cost_lines(pool: dict[str, Any], strategies: list[str]) -> list[str]:
@@ -132,11 +136,13 @@ def results_markdown(cfg: StudyConfig, study: dict[str, Any]) -> str:
         f"Main comparison: pool {main}, seeds {cfg.seeds}; budget {cfg.budget_completions:,} completions per run "
         f"(all purposes; {cfg.budget_completions // step} uniform steps of B={cfg.batch_size} x G={cfg.num_generations}); "
         f"{cfg.num_evals} evaluations after the start on {cfg.eval_size} held-out prompts x {cfg.eval_num_generations} "
-        f"samples at T={cfg.temperature}. Warm start: `{study['warm_start']}`. Study wall time "
-        f"{study['timings'].get('study_s', 0):.0f} s ({study['timings'].get('runs_executed', 0)} runs executed now, "
-        f"{study['timings'].get('runs_reused', 0)} reused).", "",
+        f"samples at T={cfg.temperature}. Warm start: `{study['warm_start']}`. This invocation took "
+        f"{study['timings'].get('study_s', 0):.0f} s ({study['timings'].get('runs_executed', 0)} runs executed, "
+        f"{study['timings'].get('runs_reused', 0)} reused); the runs took {study['timings'].get('runs_total_s', 0):.0f} "
+        f"s in all ({cfg.jobs or 1} side by side).", "",
         "## Pool degeneracy at the start", "", *degeneracy_lines(study["degeneracy"]),
-        f"## Outcomes (pool {main})", "", "Mean over seeds [95% t-interval across seeds].", "",
+        f"## Outcomes (pool {main})", "", "Mean over seeds [95% t-interval across seeds]; 'minus uniform's' is the "
+        "paired (same seed) difference of the final values.", "",
         *main_lines(pool, strategies), "",
         f"## Cost to reach uniform's final level (pool {main}), as a ratio to uniform", "",
         f"Targets: held-out accuracy 3+4 = {fmt_t['accuracy']}, training-pool reward = {fmt_t['train_reward']} "

@@ -58,6 +58,7 @@ def run_study(cfg: StudyConfig, out: str | Path, progress: bool = True) -> dict[
     pools = {str(size): summarise_pool([r for r in runs if r.get("pool_size") == size], cfg.strategies,
                                        cfg.confidence) for size in cfg.pool_sizes}
     timings["study_s"] = time.perf_counter() - t0
+    timings["runs_total_s"] = sum(r.get("total_s") or 0.0 for r in runs)
     study = {"config": cfg.to_dict(), "warm_start": warm_start, "degeneracy": degeneracy, "pools": pools,
              "runs": runs, "timings": timings,
              "methods": {

@@ -11,7 +11,7 @@ from lit_rlft.callbacks.dots import DifficultyPredictorConfig, build_dots_select
 from lit_rlft.callbacks.selection import SelectionCallback
 from lit_rlft.checkpointing import decode_state, encode_state
 from lit_rlft.selection.base import STATE_NAMES, state_of
-from lit_rlft.selection.dots import DOTSSelector
+from lit_rlft.selection.dots import DOTSSelector, pearson
 from lit_rlft.selection.dps import DPSSelector, PredictionTracker, cold_start_belief
 
 
@@ -82,9 +82,11 @@ class DPSCallback(SelectionCallback):
         out.update({f"dps/running_{k}": v for k, v in self.tracker.metrics().items()})
         out["dps/predicted_partial_mean"] = float(self.strategy.prob_partial(prompt_ids).mean())
         if self.cold is not None:
+            if self._cold_success is not None:  # the predictions that were in force when these prompts were chosen
+                r = pearson(1.0 - self._cold_success[prompt_ids], 1.0 - success_rates)
+                if np.isfinite(r):
+                    out["dps/cold_start_pearson"] = float(r)
             self.cold.observe(prompt_ids, success_rates, step)  # online fit of the cold-start predictor
-            if np.isfinite(self.cold.last_pearson):
-                out["dps/cold_start_pearson"] = float(self.cold.last_pearson)
         return out
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,

@@ -86,7 +86,8 @@ def test_dps_with_dots_cold_start(tmp_path):
     cold = DifficultyPredictorConfig(reference_size=8, update_every=100, online_steps_per_update=1,
                                      cache_dir=str(tmp_path / "c"))
     cb = DPSCallback(cold_start=cold)
-    module, _ = _fit(tmp_path, [cb], steps=3)
+    module, trainer = _fit(tmp_path, [cb], steps=3)
+    assert "dps/cold_start_pearson" in trainer.callback_metrics
     assert module.budget.by_purpose["reference"] == 8 * 4  # one reference set at the start
     never_seen = ~cb.strategy.seen
     # cold-started beliefs are no longer uniform
