@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -38,6 +37,7 @@ from lit_rlft.core.losses import GRPOLoss, LossType, OffPolicyForm
 from lit_rlft.core.types import Rollouts
 from lit_rlft.models.loading import LoRAConfig, apply_lora, load_policy
 from lit_rlft.models.tiny import TinyConfig
+from lit_rlft.optim import adamw_with_warmup
 from lit_rlft.rewards.runner import RewardRunner, resolve_reward
 from lit_rlft.rollout.base import RolloutEngine, SamplingConfig
 from lit_rlft.rollout.hf import HFEngine
@@ -189,22 +189,9 @@ class GRPOModule(L.LightningModule):
 
     def configure_optimizers(self) -> Any:
         hp = self.hparams
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=hp.learning_rate, betas=tuple(hp.adam_betas), weight_decay=hp.weight_decay)
         total = self.trainer.max_steps if self.trainer.max_steps and self.trainer.max_steps > 0 else None
-        if hp.lr_scheduler == "cosine" and total is None:
-            raise ValueError("lr_scheduler: cosine needs trainer.max_steps")
-
-        def factor(step: int) -> float:
-            if hp.warmup_steps and step < hp.warmup_steps:
-                return (step + 1) / hp.warmup_steps
-            if hp.lr_scheduler == "cosine":
-                progress = min(1.0, (step - hp.warmup_steps) / max(1, total - hp.warmup_steps))
-                return 0.5 * (1 + math.cos(math.pi * progress))
-            return 1.0
-
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return adamw_with_warmup(self.policy.parameters(), hp.learning_rate, hp.adam_betas, hp.weight_decay,
+                                 hp.warmup_steps, hp.lr_scheduler, total)
 
     # ------------------------------------------------------------------------------------------ rollouts
     def generate_rollouts(

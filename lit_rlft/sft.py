@@ -8,7 +8,6 @@ as ``model.model``.
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,6 +20,7 @@ from lit_rlft.data.sources import load_records
 from lit_rlft.data.tasks import Task
 from lit_rlft.models.loading import LoRAConfig, apply_lora, load_policy
 from lit_rlft.models.tiny import TinyConfig
+from lit_rlft.optim import adamw_with_warmup
 
 
 class _Pairs(Dataset):
@@ -135,19 +135,9 @@ class SFTModule(L.LightningModule):
 
     def configure_optimizers(self) -> Any:
         hp = self.hparams
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=hp.learning_rate, betas=tuple(hp.adam_betas), weight_decay=hp.weight_decay)
-        total = max(1, self.trainer.max_steps) if self.trainer.max_steps and self.trainer.max_steps > 0 else None
-
-        def factor(step: int) -> float:
-            if step < hp.warmup_steps:
-                return (step + 1) / hp.warmup_steps
-            if hp.lr_scheduler == "cosine" and total:
-                return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - hp.warmup_steps) / max(1, total - hp.warmup_steps))))
-            return 1.0
-
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        total = self.trainer.max_steps if self.trainer.max_steps and self.trainer.max_steps > 0 else None
+        return adamw_with_warmup(self.policy.parameters(), hp.learning_rate, hp.adam_betas, hp.weight_decay,
+                                 hp.warmup_steps, hp.lr_scheduler, total)
 
     def on_train_end(self) -> None:
         if self.trainer.is_global_zero:
