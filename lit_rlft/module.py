@@ -248,9 +248,16 @@ class GRPOModule(L.LightningModule):
         """Roll out ``prompt_ids`` ``[K]`` under the current policy and return their success rates ``[K]``.
 
         Used by strategies that label prompts outside the training batch (DOTS' reference set); charged to the
-        budget under ``purpose``.
+        budget under ``purpose``. Sampling is re-seeded from ``(generation_seed, step)`` so a resumed run labels
+        prompts exactly as the uninterrupted run did.
         """
+        self._reseed(salt=1)
         return self.generate_rollouts(prompt_ids, purpose=purpose).success_rates.numpy()
+
+    def _reseed(self, salt: int) -> None:
+        """Seed torch's generator from ``(generation_seed, rollout_step, salt)`` (no-op without a seed)."""
+        if self.hparams.generation_seed is not None:
+            torch.manual_seed(self.hparams.generation_seed * 1_000_003 + self.rollout_step + salt * 1_000_000_007)
 
     def apply_rollout_hooks(self, rollouts: Rollouts) -> Rollouts:
         """Step 4: let :class:`RolloutHook` callbacks reshape the batch, in ``trainer.callbacks`` order."""
@@ -286,8 +293,7 @@ class GRPOModule(L.LightningModule):
     # ------------------------------------------------------------------------------------------ training
     def training_step(self, batch: Any, batch_idx: int) -> dict[str, Any]:
         t_step = time.perf_counter()
-        if self.hparams.generation_seed is not None:
-            torch.manual_seed(self.hparams.generation_seed * 1_000_003 + self.rollout_step)
+        self._reseed(salt=0)
         prompt_ids = self.data.plan.next_batch()  # 1
         rollouts = self.generate_rollouts(prompt_ids)  # 2-3
         generation_s = self._last_generation_s

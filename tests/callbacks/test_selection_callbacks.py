@@ -6,9 +6,10 @@ from __future__ import annotations
 import lightning as L
 import numpy as np
 import pytest
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lit_rlft.callbacks import DPSCallback, HistoryResamplingCallback, ReplayCallback
+from lit_rlft.callbacks import DOTSCallback, DPSCallback, HistoryResamplingCallback, ReplayCallback
 from tests.conftest import countdown_dm, tiny_module, tiny_trainer
 
 
@@ -18,16 +19,32 @@ class Recorder(L.Callback):
     def __init__(self):
         self.trained: list[list[int]] = []
         self.scheduled: list[list[int]] = []
+        self.replayed: list[list[int]] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         r = outputs["rollouts"]
         self.trained.append(sorted(r.prompt_ids[~r.is_replay].tolist()))
+        self.replayed.append(sorted(r.prompt_ids[r.is_replay].tolist()))
         self.scheduled.append(sorted(trainer.datamodule.plan.scheduled.tolist()))
+
+
+class StepSeededCoins:
+    """Coin-flip rewards from torch's global generator, which GRPOModule re-seeds every step: a resumed run sees
+    the rewards the uninterrupted run saw, and groups are a mix of effective and degenerate ones."""
+
+    totals: dict = {}
+
+    def __call__(self, completions, columns):
+        from lit_rlft.rewards.runner import RewardResult
+
+        total = (torch.rand(len(completions)) < 0.5).float()
+        return RewardResult(total=total, per_func={"coin": total}, num_errors=0, num_timeouts=0, num_unscored=0)
 
 
 def _fit(tmp_path, callbacks, steps=5, num_workers=0, ckpt_path=None, extra=None):
     rec = Recorder()
     module = tiny_module(learning_rate=1e-3)
+    module.rewards = StepSeededCoins()
     trainer = tiny_trainer(tmp_path, max_steps=steps, callbacks=[*callbacks, rec, *(extra or [])],
                            enable_checkpointing=bool(extra))
     trainer.fit(module, datamodule=countdown_dm(size=48, batch_size=4, num_workers=num_workers), ckpt_path=ckpt_path)
@@ -51,17 +68,30 @@ def test_replay_composes_with_dps_and_keeps_the_plan_exact(tmp_path):
         )
 
 
-@pytest.mark.parametrize("make", [lambda: DPSCallback(decay=0.7), lambda: HistoryResamplingCallback(seed=3)])
+def _dots(tmp_path):
+    return DOTSCallback(reference_size=6, update_every=2, online_steps_per_update=2, cache_dir=str(tmp_path / "c"))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda tmp: [DPSCallback(decay=0.7)], lambda tmp: [HistoryResamplingCallback(seed=3)], lambda tmp: [_dots(tmp)],
+     lambda tmp: [DPSCallback(), ReplayCallback(delta=0.5, capacity=8)]],
+    ids=["dps", "history", "dots", "dps+replay"],
+)
 def test_resume_selects_exactly_what_the_uninterrupted_run_selects(tmp_path, make):
-    full, _ = _fit(tmp_path / "full", [make()], steps=6)
+    full, full_module = _fit(tmp_path / "full", make(tmp_path), steps=6)
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=3, save_top_k=-1)
-    _fit(tmp_path / "first", [make()], steps=3, extra=[ckpt])
+    _fit(tmp_path / "first", make(tmp_path), steps=3, extra=[ckpt])
     path = tmp_path / "ckpt" / "epoch=0-step=3.ckpt"
     assert path.exists(), list((tmp_path / "ckpt").iterdir())
-    resumed, module = _fit(tmp_path / "resumed", [make()], steps=6, ckpt_path=str(path))
+    resumed, module = _fit(tmp_path / "resumed", make(tmp_path), steps=6, ckpt_path=str(path))
     assert module.rollout_step == 6
     assert resumed.trained == full.trained[3:]
     assert resumed.scheduled == full.scheduled[3:]
+    assert resumed.replayed == full.replayed[3:]
+    if "replay" in str(make(tmp_path)):
+        assert any(full.replayed[3:]), "nothing was replayed: the test would not see a buffer mismatch"
+    assert module.budget.completions == full_module.budget.completions
 
 
 def test_callback_state_round_trips(tmp_path):
