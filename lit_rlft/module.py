@@ -34,13 +34,15 @@ from lit_rlft.callbacks.base import RolloutHook
 from lit_rlft.core.advantages import ScaleRewards, group_advantages
 from lit_rlft.core.logprobs import completion_logprobs
 from lit_rlft.core.losses import GRPOLoss, LossType, OffPolicyForm
-from lit_rlft.core.types import Rollouts
+from lit_rlft.core.types import Rollouts, left_pad
 from lit_rlft.models.loading import LoRAConfig, apply_lora, load_policy
 from lit_rlft.models.tiny import TinyConfig
 from lit_rlft.optim import adamw_with_warmup
 from lit_rlft.rewards.runner import RewardRunner, resolve_reward
 from lit_rlft.rollout.base import RolloutEngine, SamplingConfig
 from lit_rlft.rollout.hf import HFEngine
+from lit_rlft.selection.base import effective_ratio
+from lit_rlft.selection.dynamic import keep_mask
 
 RewardFunc = Callable[..., Sequence[float | None]]
 
@@ -138,10 +140,20 @@ class GRPOModule(L.LightningModule):
             raise ValueError(
                 f"reward_weights has {len(reward_weights)} entries but reward_funcs has {len(reward_funcs)}"
             )
+        if max_completion_length < 1:
+            raise ValueError(f"max_completion_length must be >= 1, got {max_completion_length}")
+        for name, t in (("temperature", temperature), ("eval_temperature", eval_temperature)):
+            if t is not None and t <= 0:
+                raise ValueError(f"{name} must be > 0 (sampling, not greedy decoding), got {t}")
+        if scale_rewards not in ("group", "batch", "none"):
+            raise ValueError(f"scale_rewards must be one of group, batch, none; got {scale_rewards!r}")
+        if lr_scheduler not in ("constant", "cosine"):
+            raise ValueError(f"lr_scheduler must be constant or cosine, got {lr_scheduler!r}")
         self.model_name = model
         self.G = num_generations
         self.sampling = SamplingConfig(temperature, top_p, top_k, max_completion_length)
-        self.eval_sampling = SamplingConfig(eval_temperature or temperature, top_p, top_k, max_completion_length)
+        self.eval_sampling = SamplingConfig(temperature if eval_temperature is None else eval_temperature, top_p,
+                                            top_k, max_completion_length)
         self.loss_fn = GRPOLoss(
             epsilon=epsilon, epsilon_high=epsilon_high, loss_type=loss_type, beta=beta,
             max_completion_length=max_completion_length, off_policy=off_policy, importance_cap=importance_cap,
@@ -221,13 +233,7 @@ class GRPOModule(L.LightningModule):
         scored = self.rewards(texts, cols)
         rewards = scored.total.view(len(ids), G)
         self._last_reward_result = scored
-        # Prompts, left-padded, one row per completion.
-        p_len = max(len(p) for p in prompts)
-        p_tok = torch.full((len(ids), p_len), self.tokenizer.pad_token_id, dtype=torch.long)
-        p_mask = torch.zeros((len(ids), p_len), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            p_tok[i, p_len - len(p):] = torch.tensor(p, dtype=torch.long)
-            p_mask[i, p_len - len(p):] = 1
+        p_tok, p_mask = left_pad(prompts, self.tokenizer.pad_token_id)  # [B, P] each
         return Rollouts(
             prompt_ids=torch.as_tensor(ids),
             prompt_tokens=p_tok.repeat_interleave(G, dim=0),
@@ -344,7 +350,8 @@ class GRPOModule(L.LightningModule):
                     stats["grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(params, hp.max_grad_norm)))
                 opt.step()
                 sched.step()
-        out = {k: float(np.mean(v)) for k, v in stats.items()}
+        reduce = {"/min": np.min, "/max": np.max}
+        out = {k: float(reduce.get(k[k.rfind("/"):], np.mean)(v)) for k, v in stats.items()}
         out["learning_rate"] = float(sched.get_last_lr()[0])
         return out
 
@@ -392,8 +399,9 @@ class GRPOModule(L.LightningModule):
             "reward": float(r.mean()),
             "reward_std": float(std.mean()),
             "accuracy": float(rollouts.correct.float().mean()),
-            "frac_reward_zero_std": float((std == 0).float().mean()),
-            "effective_ratio": float(((rollouts.success_rates > 0) & (rollouts.success_rates < 1)).float().mean()),
+            # max == min rather than std == 0: the float std of equal rewards such as 0.1 need not be exactly 0
+            "frac_reward_zero_std": float(1.0 - keep_mask(r.numpy()).mean()),
+            "effective_ratio": effective_ratio(rollouts.success_rates.numpy()),
             "completions/mean_length": float(lengths.mean()),
             "completions/min_length": float(lengths.min()),
             "completions/max_length": float(lengths.max()),

@@ -34,6 +34,8 @@ def adamw_with_warmup(
     """What ``configure_optimizers`` returns: AdamW over the trainable ``params`` and a per-step scheduler."""
     trainable = [p for p in params if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+    if schedule not in ("constant", "cosine"):
+        raise ValueError(f"lr_scheduler must be constant or cosine, got {schedule!r}")
     if schedule == "cosine" and not total_steps:
         raise ValueError("lr_scheduler: cosine needs trainer.max_steps")
     sched = torch.optim.lr_scheduler.LambdaLR(

@@ -68,6 +68,7 @@ def test_training_logprobs_match_sampling_logprobs():
     dm.set_tokenizer(module.tokenizer)
     ids = np.arange(4)
     prompts = dm.prompt_tokens(ids)
+    module.engine.return_logprobs = True
     out = module.engine.generate(prompts, 3, module.sampling)
     from lit_rlft.core.types import Rollouts
 

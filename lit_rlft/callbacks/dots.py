@@ -58,16 +58,19 @@ def build_dots_selector(
     """Embed the training pool (cached) and build the Lightning-free :class:`DOTSSelector`."""
     dm = trainer.datamodule
     pool = dm.train_pool
-    if cfg.reference_size > len(pool):
-        raise ValueError(f"reference_size ({cfg.reference_size}) is larger than the training pool ({len(pool)})")
+    if cfg.reference_size + dm.plan.batch_size > len(pool):
+        raise ValueError(
+            f"reference_size ({cfg.reference_size}) + data.batch_size ({dm.plan.batch_size}) exceeds the training "
+            f"pool ({len(pool)}): reference prompts are excluded from selection, so lower reference_size"
+        )
     texts = dm.prompt_texts(pool.ids)
     if cfg.embedding_model is None:
         model = getattr(pl_module.policy, "get_base_model", lambda: pl_module.policy)()
-        emb = cached_embeddings(texts, model, cfg.cache_dir, tokenizer=pl_module.tokenizer,
+        emb = cached_embeddings(texts, model, cfg.cache_dir, tokenizer=pl_module.tokenizer, device=pl_module.device,
                                 batch_size=cfg.embedding_batch_size, progress=trainer.is_global_zero)
     else:
         emb = cached_embeddings(texts, cfg.embedding_model, cfg.cache_dir, batch_size=cfg.embedding_batch_size,
-                                progress=trainer.is_global_zero)
+                                device=pl_module.device, progress=trainer.is_global_zero)
     if cfg.adapters and not Path(cfg.adapters).exists():
         raise FileNotFoundError(f"adapters: {cfg.adapters} does not exist")
     predictor = load_predictor(cfg.adapters) if cfg.adapters else None

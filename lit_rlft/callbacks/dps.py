@@ -44,6 +44,8 @@ class DPSCallback(SelectionCallback):
                  confusion_every_n_steps: int = 50, cold_start: DifficultyPredictorConfig | None = None,
                  seed: int = 0):
         super().__init__(seed=seed)
+        if confusion_every_n_steps < 1:
+            raise ValueError(f"DPSCallback: confusion_every_n_steps must be >= 1, got {confusion_every_n_steps}")
         self.cold_start = cold_start
         self.cold: DOTSSelector | None = None
         self._cold_success: np.ndarray | None = None  # [S] predicted success rates (cold start)
@@ -104,6 +106,7 @@ class DPSCallback(SelectionCallback):
             state["tracker"] = encode_state(self.tracker.state_dict())
             if self.cold is not None:
                 state["cold_start"] = encode_state(self.cold.state_dict())
+                state["cold_success"] = encode_state(self._cold_success)
         return state
 
     def _load(self, state: dict[str, Any]) -> None:
@@ -112,6 +115,7 @@ class DPSCallback(SelectionCallback):
             self.tracker.load_state_dict(decode_state(state["tracker"]))
         if self.cold is not None and "cold_start" in state:
             self.cold.load_state_dict(decode_state(state["cold_start"]))
+            self._cold_success = decode_state(state.get("cold_success"))
 
 
 def confusion_markdown(confusion: np.ndarray) -> str:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 from torch import Tensor
 
+from lit_rlft.core.advantages import success_rates
+
 
 def pad_to(x: Tensor, length: int, value: float, left: bool = False) -> Tensor:
     """Pad the last dim of ``x`` ``[..., T]`` to ``[..., length]`` (``length >= T``)."""
@@ -22,6 +24,18 @@ def pad_to(x: Tensor, length: int, value: float, left: bool = False) -> Tensor:
 
 
 _GROUP_FIELDS = ("prompt_ids", "rewards", "correct", "birth_step", "is_replay")
+
+
+def left_pad(rows: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Token lists -> ``(ids [n, T], mask [n, T])`` left-padded to the longest row (``T``)."""
+    length = max(len(r) for r in rows)
+    ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, length - len(r):] = torch.tensor(r, dtype=torch.long)
+            mask[i, length - len(r):] = 1
+    return ids, mask
 
 
 @dataclass
@@ -59,7 +73,7 @@ class Rollouts:
     @property
     def success_rates(self) -> Tensor:
         """``[B]`` fraction of each group's completions that are correct."""
-        return self.correct.float().mean(dim=1)
+        return success_rates(self.correct)
 
     def select_groups(self, index: Tensor | list[int]) -> Rollouts:
         """The groups at ``index`` (``[b]``), in that order."""

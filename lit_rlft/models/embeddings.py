@@ -61,6 +61,7 @@ def mean_pooled_embeddings(
         return torch.zeros(0, _hidden_size(model), dtype=torch.float32)
     base = getattr(model, "base_model", model)
     was_training = model.training
+    original_device = next(model.parameters()).device
     model.eval()
     model.to(device)
     ids = tokenizer(list(texts), truncation=True, max_length=max_length, add_special_tokens=True)["input_ids"]
@@ -90,6 +91,7 @@ def mean_pooled_embeddings(
                 out[i] = pooled[j].cpu()
     finally:
         model.train(was_training)
+        model.to(original_device)  # a policy lent for embedding goes back where it was
     return torch.stack(out)  # [S, D]
 
 

@@ -40,7 +40,7 @@ class GenerationOutput:
 
     completion_ids: Tensor  # [N, L] long, right-padded with pad_id
     completion_mask: Tensor  # [N, L] long, 1 on generated tokens (EOS included)
-    logprobs: Tensor  # [N, L] float32, log-probs of the distribution actually sampled from
+    logprobs: Tensor | None  # [N, L] float32, log-probs of the distribution actually sampled from (if asked)
     finish_reasons: list[FinishReason]  # [N]
 
     @property

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from lit_rlft.core.types import pad_to
+from lit_rlft.core.types import left_pad, pad_to
 from lit_rlft.rollout.base import FinishReason, GenerationOutput, SamplingConfig
 
 
@@ -17,13 +17,19 @@ class HFEngine:
         pad_token_id: id used to pad prompts (left) and completions (right).
         eos_token_id: generation stops at this id; it is part of the completion (and of the loss).
         max_batch_size: sequences per ``generate`` call, to bound memory (``None`` = all at once).
+        return_logprobs: also return the sampling distribution's per-token log-probs. This keeps every step's
+            processed scores (``[n, V]`` per token) until the end of ``generate``: fine for small models, far too
+            much memory for a real vocabulary and long completions. GRPOModule does not need them (it computes
+            pi_old with a forward pass), so the default is off and ``GenerationOutput.logprobs`` is ``None``.
     """
 
-    def __init__(self, model: nn.Module, pad_token_id: int, eos_token_id: int, max_batch_size: int | None = None):
+    def __init__(self, model: nn.Module, pad_token_id: int, eos_token_id: int, max_batch_size: int | None = None,
+                 return_logprobs: bool = False):
         self.model = model
         self.pad_token_id = pad_token_id
         self.eos_token_id = eos_token_id
         self.max_batch_size = max_batch_size
+        self.return_logprobs = return_logprobs
 
     def sync_weights(self, model: nn.Module) -> None:
         self.model = model
@@ -36,20 +42,15 @@ class HFEngine:
         length = max(p[0].shape[1] for p in parts)
         ids = torch.cat([pad_to(p[0], length, self.pad_token_id) for p in parts])
         mask = torch.cat([pad_to(p[1], length, 0) for p in parts])
-        logprobs = torch.cat([pad_to(p[2], length, 0.0) for p in parts])
+        logprobs = torch.cat([pad_to(p[2], length, 0.0) for p in parts]) if self.return_logprobs else None
         reasons: list[FinishReason] = [r for p in parts for r in p[3]]
         return GenerationOutput(ids, mask, logprobs, reasons)
 
     def _generate_chunk(
         self, rows: list[list[int]], sampling: SamplingConfig
-    ) -> tuple[Tensor, Tensor, Tensor, list[FinishReason]]:
+    ) -> tuple[Tensor, Tensor, Tensor | None, list[FinishReason]]:
         device = next(self.model.parameters()).device
-        p_len = max(len(r) for r in rows)
-        input_ids = torch.full((len(rows), p_len), self.pad_token_id, dtype=torch.long)
-        attn = torch.zeros((len(rows), p_len), dtype=torch.long)
-        for i, r in enumerate(rows):  # left padding
-            input_ids[i, p_len - len(r) :] = torch.tensor(r, dtype=torch.long)
-            attn[i, p_len - len(r) :] = 1
+        input_ids, attn = left_pad(rows, self.pad_token_id)  # [n, P] each
         was_training = self.model.training
         self.model.eval()
         try:
@@ -63,21 +64,23 @@ class HFEngine:
                 max_new_tokens=sampling.max_new_tokens,
                 eos_token_id=self.eos_token_id,
                 pad_token_id=self.pad_token_id,
-                output_scores=True,
+                output_scores=self.return_logprobs,
                 return_dict_in_generate=True,
                 use_cache=True,
             )
         finally:
             self.model.train(was_training)
-        completion = out.sequences[:, p_len:].cpu()  # [n, L]
-        # Processed scores = the distribution actually sampled from (temperature, top-p applied).
-        scores = torch.stack(out.scores, dim=1).float().cpu()  # [n, L, V]
-        logprobs = torch.log_softmax(scores, dim=-1).gather(-1, completion.unsqueeze(-1)).squeeze(-1)
+        completion = out.sequences[:, input_ids.shape[1]:].cpu()  # [n, L]
         is_eos = completion == self.eos_token_id
         # Tokens after the first EOS are padding added by generate.
         after_eos = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
         mask = (~after_eos).long()
-        logprobs = torch.where(mask.bool(), logprobs, torch.zeros_like(logprobs))
         completion = torch.where(mask.bool(), completion, torch.full_like(completion, self.pad_token_id))
+        logprobs = None
+        if self.return_logprobs:
+            # Processed scores = the distribution actually sampled from (temperature, top-p applied).
+            scores = torch.stack(out.scores, dim=1).float().cpu()  # [n, L, V]
+            logprobs = torch.log_softmax(scores, dim=-1).gather(-1, completion.unsqueeze(-1)).squeeze(-1)
+            logprobs = torch.where(mask.bool(), logprobs, torch.zeros_like(logprobs))
         reasons: list[FinishReason] = ["stop" if e else "length" for e in is_eos.any(dim=1).tolist()]
         return completion, mask, logprobs, reasons
