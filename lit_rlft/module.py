@@ -284,7 +284,7 @@ class GRPOModule(L.LightningModule):
         L_ = comp.shape[1]
         logits = model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids,
                        logits_to_keep=L_ + 1).logits[:, :-1]  # [n, L, V]
-        logprobs, entropy = completion_logprobs(logits.float(), comp.to(self.device), self.sampling.temperature)
+        logprobs, entropy = completion_logprobs(logits, comp.to(self.device), self.sampling.temperature)
         return logprobs, (entropy if with_entropy else None)
 
     @torch.no_grad()

@@ -60,7 +60,11 @@ class HFEngine:
                 do_sample=True,
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
-                top_k=sampling.top_k or None,
+                top_k=sampling.top_k,  # 0 disables; never inherit a checkpoint's generation_config.json
+                repetition_penalty=1.0,  # likewise: the policy's own distribution, as the loss assumes
+                min_p=None,
+                typical_p=1.0,
+                no_repeat_ngram_size=0,
                 max_new_tokens=sampling.max_new_tokens,
                 eos_token_id=self.eos_token_id,
                 pad_token_id=self.pad_token_id,
