@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-all lint demo bench clean
+.PHONY: install test test-all lint demo bench study study-quick clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,12 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e ".[dev,bench]"
 	$(BIN)/python benchmarks/step_time_vs_trl.py
+
+study: $(STAMP)
+	$(BIN)/lit-rlft bench --out runs/bench
+
+study-quick: $(STAMP)
+	$(BIN)/lit-rlft bench --quick
 
 clean:
 	rm -rf $(VENV) runs lightning_logs .pytest_cache
