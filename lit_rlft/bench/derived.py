@@ -62,6 +62,10 @@ def run_metrics(run: dict[str, Any], targets: dict[str, float | None]) -> dict[s
     out["fresh_effective_ratio"] = _finite_mean(_series_values(run, f"{name}/effective_ratio")) if name else None
     out["dots_pearson"] = _finite_mean(_series_values(run, "dots/pearson"))
     out["cold_start_pearson"] = _finite_mean(_series_values(run, "dps/cold_start_pearson"))
+    # out of sample, on each new uniform reference set (the batch Pearson above is range-restricted by selection)
+    out["dots_reference_pearson"] = _finite_mean(
+        _series_values(run, "dots/reference_pearson") if name != "dps"
+        else _series_values(run, "dps/cold_start_reference_pearson"))
     out["dps_accuracy"] = _finite_mean(_series_values(run, "dps/accuracy"))
     out["overhead_share"] = None
     if name:
@@ -103,6 +107,7 @@ def summarise_pool(runs: list[dict[str, Any]], strategies: list[str], confidence
             "fresh_effective_ratio": mean_interval([m["fresh_effective_ratio"] for m in ms], confidence),
             "dots_pearson": mean_interval([m["dots_pearson"] for m in ms], confidence),
             "cold_start_pearson": mean_interval([m["cold_start_pearson"] for m in ms], confidence),
+            "dots_reference_pearson": mean_interval([m["dots_reference_pearson"] for m in ms], confidence),
             "dps_accuracy": mean_interval([m["dps_accuracy"] for m in ms], confidence),
             "overhead_share": mean_interval([m["overhead_share"] for m in ms], confidence),
             "non_train_share": mean_interval([m["non_train_share"] for m in ms], confidence),

@@ -104,12 +104,14 @@ def comparison_lines(pool: dict[str, Any]) -> list[str]:
 
 def diagnostic_lines(pool: dict[str, Any], strategies: list[str]) -> list[str]:
     t = pool["strategies"]
-    rows = [[s, fmt_ratio(t[s]["effective_ratio_vs_uniform"]), fmt_mean(t[s]["fresh_effective_ratio"]), fmt_mean(t[s]["dots_pearson"]),
+    rows = [[s, fmt_ratio(t[s]["effective_ratio_vs_uniform"]), fmt_mean(t[s]["fresh_effective_ratio"]),
+             fmt_mean(t[s]["dots_pearson"]), fmt_mean(t[s].get("dots_reference_pearson")),
              fmt_mean(t[s]["cold_start_pearson"]), fmt_mean(t[s]["dps_accuracy"]), fmt_mean(t[s]["overhead_share"], 4),
              fmt_mean(t[s]["non_train_share"])] for s in strategies if s in t]
-    return _table(["strategy", "effective ratio / uniform's", "fresh-batch effective ratio", "DOTS Pearson",
-                   "cold-start Pearson", "DPS prediction accuracy", "selection overhead share of step time",
-                   "share of completions not for training"], rows)
+    return _table(["strategy", "effective ratio / uniform's", "fresh-batch effective ratio",
+                   "DOTS Pearson (selected batch)", "DOTS Pearson (new reference set, out of sample)",
+                   "cold-start Pearson (selected batch)", "DPS prediction accuracy",
+                   "selection overhead share of step time", "share of completions not for training"], rows)
 
 
 def sweep_lines(pools: dict[str, Any], strategies: list[str]) -> list[str]:

@@ -25,7 +25,8 @@ from lit_rlft.bench.strategies import SELECTION_NAME
 
 #: Per-step TensorBoard series kept in the run's JSON: exact tags, then tag prefixes.
 SERIES_TAGS = ("effective_ratio", "reward", "time/step_s", "time/generation_s", "budget/completions",
-               "dots/pearson", "dps/accuracy", "dps/cold_start_pearson", "frac_reward_zero_std")
+               "dots/pearson", "dots/reference_pearson", "dps/accuracy", "dps/cold_start_pearson",
+               "dps/cold_start_reference_pearson", "frac_reward_zero_std")
 SERIES_PREFIXES = ("replay/", "dynamic_sampling/", "budget/completions_")
 
 

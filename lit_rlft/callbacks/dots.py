@@ -11,7 +11,7 @@ import numpy as np
 
 from lit_rlft.callbacks.selection import SelectionCallback
 from lit_rlft.models.embeddings import cached_embeddings
-from lit_rlft.selection.dots import DOTSSelector, load_predictor
+from lit_rlft.selection.dots import DOTSSelector, load_predictor, pearson
 
 
 @dataclass
@@ -81,10 +81,21 @@ def build_dots_selector(
     )
 
 
-def refresh_reference(selector: DOTSSelector, pl_module: L.LightningModule, rng: np.random.Generator) -> None:
-    """Roll out a fresh reference set under the current policy and hand its success rates to ``selector``."""
+def refresh_reference(selector: DOTSSelector, pl_module: L.LightningModule, rng: np.random.Generator) -> float:
+    """Roll out a fresh reference set under the current policy and hand its success rates to ``selector``.
+
+    Returns the Pearson correlation between the difficulties the predictor gave the new reference prompts *before*
+    seeing their labels (from the previous reference set) and the measured ones: an out-of-sample check on a
+    uniform sample of the pool (NaN for the first set). The Pearson on the selected batch (``dots/pearson``) is
+    range-restricted: with a small ``tau`` every selected prompt was predicted near ``alpha``.
+    """
     ids = selector.reference_ids(rng)
-    selector.set_reference(ids, pl_module.success_rates(ids, purpose="reference"))
+    rates = pl_module.success_rates(ids, purpose="reference")
+    r = float("nan")
+    if selector.reference is not None:
+        r = pearson(selector.predict(ids).double().numpy(), 1.0 - rates)
+    selector.set_reference(ids, rates)
+    return r
 
 
 class DOTSCallback(SelectionCallback):
@@ -144,11 +155,14 @@ class DOTSCallback(SelectionCallback):
         return build_dots_selector(self.config, trainer, pl_module, self.alpha, self.tau, self.seed)
 
     def before_select(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> None:
+        self._reference_pearson = float("nan")
         if self.strategy.needs_reference(step):
-            refresh_reference(self.strategy, pl_module, self.rng)
+            self._reference_pearson = refresh_reference(self.strategy, pl_module, self.rng)
 
     def metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         out = {"dots/reference_size": float(self.config.reference_size)}
+        if np.isfinite(getattr(self, "_reference_pearson", float("nan"))):
+            out["dots/reference_pearson"] = self._reference_pearson
         if self.strategy.last_pearson is not None and np.isfinite(self.strategy.last_pearson):
             out["dots/pearson"] = float(self.strategy.last_pearson)
         if self.strategy.last_predictions is not None and len(self.strategy.last_predictions):

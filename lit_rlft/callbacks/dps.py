@@ -64,7 +64,7 @@ class DPSCallback(SelectionCallback):
         if self.cold is None:
             return
         if self.cold.needs_reference(step):
-            refresh_reference(self.cold, pl_module, self.rng)
+            self._cold_reference_pearson = refresh_reference(self.cold, pl_module, self.rng)
             self._cold_success = None
         if self._cold_success is None:  # predicted success rate of every prompt, from the latest reference set
             self._cold_success = 1.0 - self.cold.predict().double().numpy()
@@ -89,6 +89,10 @@ class DPSCallback(SelectionCallback):
                 if np.isfinite(r):
                     out["dps/cold_start_pearson"] = float(r)
             self.cold.observe(prompt_ids, success_rates, step)  # online fit of the cold-start predictor
+            r_ref = getattr(self, "_cold_reference_pearson", float("nan"))
+            if np.isfinite(r_ref):
+                out["dps/cold_start_reference_pearson"] = r_ref
+                self._cold_reference_pearson = float("nan")
         return out
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,

@@ -99,3 +99,9 @@ def test_budget_stop_ends_training_at_equal_cost(tmp_path):
 
     module, _ = _fit(tmp_path, [RolloutBudgetStop(max_completions=40)], steps=100)
     assert module.rollout_step == 3 and module.budget.completions == 48  # 16 completions per step, 48 >= 40
+
+
+def test_dots_logs_an_out_of_sample_pearson_on_each_new_reference_set(tmp_path):
+    cb = DOTSCallback(reference_size=8, update_every=1, online_steps_per_update=2, cache_dir=str(tmp_path / "c"))
+    _, trainer = _fit(tmp_path, [cb], steps=3)
+    assert -1.0 <= float(trainer.callback_metrics["dots/reference_pearson"]) <= 1.0
