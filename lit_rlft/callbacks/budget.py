@@ -26,7 +26,18 @@ class RolloutBudgetStop(L.Callback):
             raise ValueError(f"RolloutBudgetStop: max_completions must be >= 1, got {max_completions}")
         self.max_completions = max_completions
 
+    def exhausted(self, pl_module: L.LightningModule) -> bool:
+        return pl_module.budget.completions >= self.max_completions
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if pl_module.budget.completions >= self.max_completions:
+        if self.exhausted(pl_module):
             trainer.should_stop = True
+
+
+def training_ends_after_this_step(trainer: L.Trainer, pl_module: L.LightningModule) -> bool:
+    """Whether the step that just ran is the last: ``max_steps`` reached, a stop requested, or a rollout budget
+    spent. Selection callbacks then skip planning (DOTS would otherwise roll out a reference set nobody uses)."""
+    if trainer.should_stop or (trainer.max_steps and 0 < trainer.max_steps <= trainer.global_step):
+        return True
+    return any(isinstance(cb, RolloutBudgetStop) and cb.exhausted(pl_module) for cb in trainer.callbacks)

@@ -14,6 +14,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 
+from lit_rlft.callbacks.budget import training_ends_after_this_step
 from lit_rlft.checkpointing import decode_state, encode_state
 from lit_rlft.selection.base import SelectionStrategy, effective_ratio
 
@@ -80,7 +81,8 @@ class SelectionCallback(L.Callback):
         metrics = self.before_observe(ids, rates, step)
         self.strategy.observe(ids, rates, step)
         metrics[f"{self.name}/effective_ratio"] = effective_ratio(rates)
-        self._schedule(trainer, pl_module, pl_module.rollout_step)
+        if not training_ends_after_this_step(trainer, pl_module):
+            self._schedule(trainer, pl_module, pl_module.rollout_step)
         metrics.update(self.metrics(trainer, pl_module))
         # Selection overhead: everything this callback did except generating reference rollouts (those are
         # rollouts, counted in the budget and in budget/generation_seconds).

@@ -25,7 +25,8 @@ class Recorder(L.Callback):
         r = outputs["rollouts"]
         self.trained.append(sorted(r.prompt_ids[~r.is_replay].tolist()))
         self.replayed.append(sorted(r.prompt_ids[r.is_replay].tolist()))
-        self.scheduled.append(sorted(trainer.datamodule.plan.scheduled.tolist()))
+        scheduled = trainer.datamodule.plan.scheduled  # None after the last step: nothing left to plan
+        self.scheduled.append(None if scheduled is None else sorted(scheduled.tolist()))
 
 
 class StepSeededCoins:
@@ -61,7 +62,8 @@ def test_step_t_plus_1_trains_what_was_chosen_after_step_t(tmp_path, num_workers
 
 def test_replay_composes_with_dps_and_keeps_the_plan_exact(tmp_path):
     rec, module = _fit(tmp_path, [DPSCallback(), ReplayCallback(delta=0.5, capacity=8)], steps=4)
-    assert all(len(ids) == 2 for ids in rec.scheduled)  # DPS chooses delta * B = 2 fresh prompts
+    assert rec.scheduled[-1] is None
+    assert all(len(ids) == 2 for ids in rec.scheduled[:-1])  # DPS chooses delta * B = 2 fresh prompts
     for t in range(3):
         assert rec.trained[t + 1][: len(rec.scheduled[t])] == rec.scheduled[t] or set(rec.scheduled[t]) <= set(
             rec.trained[t + 1]

@@ -38,8 +38,8 @@ def _fit(tmp_path, callbacks, steps=4, p=0.5, **module_kw):
 def test_dots_rolls_out_reference_sets_charged_to_the_budget(tmp_path):
     cb = DOTSCallback(reference_size=8, update_every=2, online_steps_per_update=2, cache_dir=str(tmp_path / "c"))
     module, trainer = _fit(tmp_path, [cb], steps=4)
-    # reference sets at steps 0 and 2 (and 4, planned after the last step): 3 x 8 prompts x G=4
-    assert module.budget.by_purpose["reference"] == 3 * 8 * 4
+    # reference sets before steps 0 and 2; none after the last step (nothing would train on it): 2 x 8 x G=4
+    assert module.budget.by_purpose["reference"] == 2 * 8 * 4
     assert module.budget.by_purpose["train"] == 4 * 4 * 4
     assert "dots/effective_ratio" in trainer.callback_metrics
     assert list((tmp_path / "c").glob("*.pt")), "pool embeddings were not cached"
@@ -89,8 +89,10 @@ def test_dps_with_dots_cold_start(tmp_path):
     module, trainer = _fit(tmp_path, [cb], steps=3)
     assert "dps/cold_start_pearson" in trainer.callback_metrics
     assert module.budget.by_purpose["reference"] == 8 * 4  # one reference set at the start
+    assert cb._cold_success.shape == (48,) and ((cb._cold_success >= 0) & (cb._cold_success <= 1)).all()
+    # Before each selection, never-seen prompts get their cold-start belief instead of the uniform one.
+    cb.before_select(trainer, module, step=1)
     never_seen = ~cb.strategy.seen
-    # cold-started beliefs are no longer uniform
     assert not torch.allclose(torch.as_tensor(cb.strategy.mu_prior[never_seen]), torch.full((1, 3), 1 / 3).double())
 
 
