@@ -41,7 +41,7 @@ class DynamicSamplingCallback(RolloutHook, L.Callback):
         used = set(rollouts.prompt_ids.tolist())
         plan = trainer.datamodule.plan
         while not round_.done:
-            ids = _draw_unused(plan.uniform, batch_size, used)
+            ids = plan.draw_unused(batch_size, used)
             if ids.size == 0:
                 break
             used.update(ids.tolist())
@@ -70,15 +70,3 @@ class DynamicSamplingCallback(RolloutHook, L.Callback):
     def load_state_dict(self, state_dict: dict) -> None:
         if "filter" in state_dict:
             self.filter.load_state_dict(decode_state(state_dict["filter"]))
-
-
-def _draw_unused(sampler, n: int, used: set[int], max_tries: int = 4) -> np.ndarray:
-    """Up to ``n`` ids from ``sampler`` (uniform without replacement per epoch) that are not in ``used``."""
-    out: list[int] = []
-    for _ in range(max_tries):
-        for i in sampler.select(n, step=0).tolist():
-            if i not in used and i not in out:
-                out.append(i)
-        if len(out) >= n:
-            break
-    return np.asarray(out[:n], dtype=np.int64)

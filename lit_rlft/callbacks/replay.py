@@ -9,7 +9,6 @@ import numpy as np
 import torch
 
 from lit_rlft.callbacks.base import RolloutHook
-from lit_rlft.callbacks.dynamic import _draw_unused
 from lit_rlft.core.types import Rollouts, pad_to
 from lit_rlft.selection.replay import ReplayBuffer, StoredGroup, validate_replay_config
 
@@ -70,7 +69,7 @@ class ReplayCallback(RolloutHook, L.Callback):
         filled = 0
         if short > 0 and self.fill == "fresh":
             used = fresh_ids | {g.prompt_id for g in groups}
-            ids = _draw_unused(trainer.datamodule.plan.uniform, short, used)
+            ids = trainer.datamodule.plan.draw_unused(short, used)
             if ids.size:
                 parts.append(pl_module.generate_rollouts(ids, purpose="train"))
                 filled = int(ids.size)

@@ -62,6 +62,18 @@ class BatchPlan:
         self.last_source = "uniform"
         return self.uniform.select(self.batch_size, step=0)
 
+    def draw_unused(self, n: int, used: set[int], max_tries: int = 4) -> np.ndarray:
+        """Up to ``n`` extra ids ``[<=n]`` from the uniform order that are not in ``used`` (dynamic-sampling rounds,
+        replay fill-ins). Advances the uniform sampler, so it is part of the checkpointed state."""
+        out: list[int] = []
+        for _ in range(max_tries):
+            for i in self.uniform.select(n, step=0).tolist():
+                if i not in used and i not in out:
+                    out.append(i)
+            if len(out) >= n:
+                break
+        return np.asarray(out[:n], dtype=np.int64)
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "version": 1,
