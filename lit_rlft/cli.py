@@ -10,6 +10,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from lightning.pytorch.cli import LightningCLI
 
@@ -20,14 +22,31 @@ from lit_rlft.sft import SFTDataModule, SFTModule
 _CLI_KWARGS = dict(save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False)
 
 
+@contextmanager
+def _explicit_args(args: list[str] | None) -> Iterator[None]:
+    """While LightningCLI parses explicit ``args``, hide ``sys.argv[1:]`` (they were already dispatched on, e.g.
+    ``bench --out ...``): LightningCLI warns when it sees both."""
+    if args is None:
+        yield
+        return
+    saved = sys.argv
+    sys.argv = saved[:1]
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
 def grpo_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
     """GRPO through LightningCLI (``fit`` / ``validate`` subcommands when ``run``)."""
-    return LightningCLI(GRPOModule, PromptDataModule, args=args, run=run, **_CLI_KWARGS)
+    with _explicit_args(args):
+        return LightningCLI(GRPOModule, PromptDataModule, args=args, run=run, **_CLI_KWARGS)
 
 
 def sft_cli(args: list[str] | None = None) -> LightningCLI:
     """Supervised warm start: ``lit-rlft sft --config ...`` runs ``fit`` of :class:`SFTModule`."""
-    return LightningCLI(SFTModule, SFTDataModule, args=["fit", *(args or [])], **_CLI_KWARGS)
+    with _explicit_args(args or []):
+        return LightningCLI(SFTModule, SFTDataModule, args=["fit", *(args or [])], **_CLI_KWARGS)
 
 
 def dots_adapters_cli(args: list[str] | None = None) -> None:

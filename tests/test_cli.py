@@ -3,6 +3,8 @@ event file holding the metric names users know from TRL."""
 
 from __future__ import annotations
 
+import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -72,7 +74,7 @@ def test_bad_choice_is_rejected_with_the_valid_ones(tmp_path, capsys):
     assert "loss_type" in err and "dr_grpo" in err
 
 
-def test_sft_saves_a_checkpoint_that_grpo_loads(tmp_path):
+def test_sft_saves_a_checkpoint_that_grpo_loads(tmp_path, monkeypatch):
     out = tmp_path / "sft_model"
     cfg = {
         "trainer": {"accelerator": "cpu", "max_steps": 3, "logger": False, "enable_checkpointing": False,
@@ -83,7 +85,13 @@ def test_sft_saves_a_checkpoint_that_grpo_loads(tmp_path):
     }
     path = tmp_path / "sft.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    main(["sft", "--config", str(path)])
+    argv = ["lit-rlft", "sft", "--config", str(path)]
+    monkeypatch.setattr(sys, "argv", argv)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        main()
+    assert sys.argv is argv  # restored after LightningCLI parsed the dispatched args
+    assert not [w for w in caught if "args parameter" in str(w.message)]  # no "both args and sys.argv" warning
     assert (out / "config.json").exists() and (out / "tokenizer.json").exists()
     grpo_dir = tmp_path / "grpo"
     grpo_dir.mkdir()

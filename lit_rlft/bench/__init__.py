@@ -1,8 +1,8 @@
 """``lit-rlft bench``: every data-selection strategy on the same Countdown pool, warm start, seeds and rollout budget.
 
-    python -m lit_rlft.cli bench --out runs/bench                      # the full study (about 2-3 hours)
+    python -m lit_rlft.cli bench --out runs/bench                      # the full study (about 1.5 hours)
     python -m lit_rlft.cli bench --quick --warm-start runs/sft/model   # every strategy once, under 15 minutes
-    python -m lit_rlft.cli bench --strategies uniform,dps --seeds 0,1,2 --pool-sizes 4000 --budget-completions 51200
+    python -m lit_rlft.cli bench --strategies uniform,dps --seeds 0,1,2 --pool-sizes 4000 --budget-completions 38400
 
 (``lit-rlft bench ...`` once the package is installed.) Re-running the same command resumes: a run whose JSON says
 ``ok`` and was made with the same run settings (``StudyConfig.run_fingerprint``) is reused, anything else is run
@@ -24,23 +24,18 @@ Design of the full study (``StudyConfig()`` defaults)
   the issue's "at least half" without 5-number problems (``--five-numbers`` adds them).
 - Runs: main comparison at pool 4,000 with seeds 0, 1, 2 (8 strategies x 3 = 24 runs); pool-size sweep at 1,000
   and 16,000 with seed 0 (16 runs); 40 runs, two side by side (one thread each).
-- Budget: 51,200 completions per run, every purpose counted (= 200 uniform steps of B=32 x G=8). DOTS and the
-  cold start spend 64 of every 320 completions on reference sets (32 prompts x G=8 every 4 steps), so about 160
-  steps; dynamic sampling spends its discarded rounds (about 2/3 of its completions at the start) so far fewer
-  steps; replay generates 16 fresh groups per step, so about 400 steps. ``max_steps`` is 10x the uniform steps, a
-  backstop only. Evaluation at the start and every 6,400 completions (8 points).
+- Budget: 38,400 completions per run, every purpose counted (= 150 uniform steps of B=32 x G=8). DOTS and the
+  cold start spend 64 of every 320 completions on reference sets (32 prompts x G=8 every 4 steps), so 120 steps;
+  dynamic sampling spends its discarded rounds (about 2/3 of its completions) so about 50 steps; replay generates
+  16 fresh groups per step, so 200-300 steps. ``max_steps`` is 10x the uniform steps, a backstop only. Evaluation
+  at the start and every 7,680 completions (6 points).
 - GRPO as ``configs/countdown_tiny.yaml``: B=32, G=8, T=1, 16 new tokens, lr 1e-4 (20 warm-up steps), dapo loss,
   group scaling. DPS decay 0.5; DOTS alpha 0.5, tau 1e-3; replay delta 0.5, capacity 256; dynamic sampling up to
   10 rounds.
 
-Time estimate (measured with ``--quick`` while another 2-thread training process shared the 2 cores): a uniform
-step took 1.9 s, a full evaluation (1,800 x 2 + 256 x 4 samples) about 10 s, a run's start about 8 s; per
-12,288-completion budget the 8 strategies trained 52-110 s each (mean 89 s; replay and uniform the slowest,
-dynamic sampling the fastest). Scaled to 51,200 completions: about 370 s of training + 95 s of evaluation + 8 s
-per run, 40 runs / 2 jobs = about 2.6 hours, plus under a minute of degeneracy checks and, without
-``--warm-start``, the one-time SFT (750 steps, about 5-10 minutes on one thread). On an otherwise idle machine
-steps are faster (the platform notes give 1.15-1.35 s), so expect about 2 hours. ``--quick`` took 7.6 minutes
-(8 runs, pool 1,000, 12,288 completions, 300 held-out prompts) under the same load.
+Time: see ``docs/results.md`` for the measured wall time of the full study (the default budget was chosen so the
+40 runs fit well within 3 hours with two jobs on the 2-core machine; 51,200 completions per run was estimated at
+2-2.6 hours). ``--quick`` takes about 8 minutes (8 runs, pool 1,000, 12,288 completions, 300 held-out prompts).
 """
 
 from lit_rlft.bench.config import STRATEGIES, RunSpec, StudyConfig

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import time
 from pathlib import Path
 
@@ -11,6 +13,20 @@ from lit_rlft.bench.config import STRATEGIES, StudyConfig
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _setting(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` for ``--set``: VALUE is read as JSON (``16``, ``0.3``, ``[2,3]``, ``true``), else as text."""
+    key, sep, value = text.partition("=")
+    fields = {f.name for f in dataclasses.fields(StudyConfig)}
+    if not sep or key.strip() not in fields:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE with KEY a StudyConfig field ({', '.join(sorted(fields))}), "
+                                         f"got {text!r}")
+    try:
+        parsed: object = json.loads(value)
+    except json.JSONDecodeError:
+        parsed = value
+    return key.strip(), parsed
 
 
 def parser() -> argparse.ArgumentParser:
@@ -33,6 +49,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warm-start", help="HF checkpoint directory, or 'tiny' (fresh tiny policy); default: SFT once "
                                         "into <out>/sft/model as the demo does")
     p.add_argument("--five-numbers", action="store_true", help="add 5-number problems to the training pool")
+    p.add_argument("--set", dest="settings", type=_setting, action="append", default=[], metavar="KEY=VALUE",
+                   help="any other StudyConfig field, repeatable, e.g. --set num_generations=16 --set dots_alpha=0.3")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     return p
 
@@ -43,6 +61,7 @@ def config_from_args(a: argparse.Namespace) -> StudyConfig:
         "budget_completions": a.budget_completions, "num_evals": a.num_evals, "eval_size": a.eval_size,
         "jobs": a.jobs, "warm_start": a.warm_start, "five_numbers": a.five_numbers or None,
     }.items() if v is not None}
+    overrides.update(dict(a.settings))
     return StudyConfig.quick(**overrides) if a.quick else StudyConfig(**overrides)
 
 

@@ -76,8 +76,8 @@ class StudyConfig:
     adam_betas: tuple[float, float] = (0.9, 0.99)
     max_grad_norm: float = 1.0
     # -- budget and evaluation -------------------------------------------------------------------------------
-    budget_completions: int = 51_200
-    num_evals: int = 8
+    budget_completions: int = 38_400
+    num_evals: int = 6
     max_steps_factor: int = 10
     # -- strategies ------------------------------------------------------------------------------------------
     dps_decay: float = 0.5

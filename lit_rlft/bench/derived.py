@@ -73,10 +73,37 @@ def run_metrics(run: dict[str, Any], targets: dict[str, float | None]) -> dict[s
         total = (_series_values(run, "time/step_s").sum() + overhead
                  + _series_values(run, f"{name}/reference_generation_s").sum())
         out["overhead_share"] = float(overhead / total) if total > 0 else None
+    out["composition"] = batch_composition(run)
+    distinct = _series_values(run, "composition/distinct_prompts")
+    out["distinct_prompts"] = float(distinct[-1]) if distinct.size else None
+    out["repeat_share"] = _finite_mean(_series_values(run, "composition/repeat_share"))
     budget = run.get("budget", {})
     by = budget.get("by_purpose", {})
     out["completions"] = budget.get("completions")
     out["non_train_share"] = (1 - by.get("train", 0) / budget["completions"]) if budget.get("completions") else None
+    return out
+
+
+def batch_composition(run: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Mean over steps of the trained batch's ``share`` and ``effective_share`` per bucket, from the
+    ``composition/<column>_<value>/...`` series of :class:`~lit_rlft.callbacks.BatchCompositionLogger`:
+    ``{"share": {"difficulty_2": ..., ...}, "effective_share": {...}}`` (empty for runs made without it)."""
+    out: dict[str, dict[str, float]] = {"share": {}, "effective_share": {}}
+    for tag in run.get("series", {}):
+        parts = tag.split("/")
+        if len(parts) == 3 and parts[0] == "composition" and parts[2] in out:
+            mean = _finite_mean(_series_values(run, tag))
+            if mean is not None:
+                out[parts[2]][parts[1]] = mean
+    return out
+
+
+def _mean_composition(ms: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {"share": {}, "effective_share": {}}
+    for kind in out:
+        buckets = sorted({b for m in ms for b in m["composition"][kind]})
+        for b in buckets:
+            out[kind][b] = float(np.mean([m["composition"][kind][b] for m in ms if b in m["composition"][kind]]))
     return out
 
 
@@ -111,6 +138,9 @@ def summarise_pool(runs: list[dict[str, Any]], strategies: list[str], confidence
             "dps_accuracy": mean_interval([m["dps_accuracy"] for m in ms], confidence),
             "overhead_share": mean_interval([m["overhead_share"] for m in ms], confidence),
             "non_train_share": mean_interval([m["non_train_share"] for m in ms], confidence),
+            "composition": _mean_composition(ms),
+            "distinct_prompts": mean_interval([m["distinct_prompts"] for m in ms], confidence),
+            "repeat_share": mean_interval([m["repeat_share"] for m in ms], confidence),
             "reached": {k: sum(1 for m in ms if m["reached"][k]["completions"] is not None) for k in TARGETS},
             "vs_uniform": {k: {m: ratio_summary(_paired(per_seed, s, "uniform", k, m), confidence)
                                for m in MEASURES} for k in TARGETS},

@@ -39,8 +39,10 @@ def _draw(ax: Any, curves: dict[str, list[tuple[np.ndarray, np.ndarray]]]) -> No
         if mb is None:
             continue
         x, mean, sd = mb
-        color = f"C{i % 10}"
-        ax.plot(x, mean, color=color, label=f"{strategy} (n={len(cs)})", marker="o" if len(x) < 30 else None, ms=3)
+        baseline = strategy == "uniform"  # the reference: black, dashed and on top, so no strategy hides it
+        color = "black" if baseline else f"C{i % 10}"
+        ax.plot(x, mean, color=color, label=f"{strategy} (n={len(cs)})", marker="o" if len(x) < 30 else None, ms=3,
+                ls="--" if baseline else "-", lw=2.0 if baseline else 1.5, zorder=3 if baseline else 2)
         if sd is not None:
             ax.fill_between(x, mean - sd, mean + sd, color=color, alpha=0.15)
 

@@ -114,12 +114,37 @@ def diagnostic_lines(pool: dict[str, Any], strategies: list[str]) -> list[str]:
                    "selection overhead share of step time", "share of completions not for training"], rows)
 
 
+def composition_lines(pool: dict[str, Any], strategies: list[str]) -> list[str]:
+    """Mean share of each bucket in the trained batch (all / informative groups); empty without the series."""
+    t = pool["strategies"]
+    buckets = sorted({b for s in strategies if s in t for b in t[s].get("composition", {}).get("share", {})},
+                     key=lambda b: (len(b), b))
+    if not buckets:
+        return []
+    rows = []
+    for s in strategies:
+        c = t.get(s, {}).get("composition", {"share": {}, "effective_share": {}})
+        if not c["share"]:
+            continue
+        rows.append([s, *[_pct(c["share"].get(b)) for b in buckets], *[_pct(c["effective_share"].get(b)) for b in buckets],
+                     fmt_mean(t[s].get("distinct_prompts"), 0), fmt_mean(t[s].get("repeat_share"))])
+    names = [b.replace("difficulty_", "") + (" numbers" if b.startswith("difficulty_") else "") for b in buckets]
+    return _table(["strategy", *[f"share {n}" for n in names], *[f"informative share {n}" for n in names],
+                   "distinct prompts trained", "fresh prompts trained before (share)"], rows)
+
+
+def _pct(x: float | None) -> str:
+    return DASH if x is None else f"{x:.0%}"
+
+
 def sweep_lines(pools: dict[str, Any], strategies: list[str]) -> list[str]:
     sizes = list(pools)
-    header = ["strategy", *[f"acc 3+4 @ {s}" for s in sizes], *[f"rollouts to acc target vs uniform @ {s}" for s in sizes]]
+    header = ["strategy", *[f"acc 3+4 @ {s}" for s in sizes], *[f"train-pool reward @ {s}" for s in sizes],
+              *[f"rollouts to acc target vs uniform @ {s}" for s in sizes]]
     rows = []
     for st in strategies:
         rows.append([st, *[fmt_mean(pools[s]["strategies"].get(st, {}).get("final_accuracy_learnable")) for s in sizes],
+                     *[fmt_mean(pools[s]["strategies"].get(st, {}).get("final_train_reward")) for s in sizes],
                      *[fmt_ratio(pools[s]["strategies"][st]["vs_uniform"]["accuracy"]["completions"])
                        if st in pools[s]["strategies"] else DASH for s in sizes]])
     return _table(header, rows)
@@ -161,6 +186,11 @@ def results_markdown(cfg: StudyConfig, study: dict[str, Any]) -> str:
         f"{cfg.reference_size / cfg.update_every / cfg.batch_size:.0%} of a uniform step) and dynamic sampling's "
         "discarded rounds.", "",
     ]
+    composition = composition_lines(pool, strategies)
+    if composition:
+        lines += ["## What each strategy trained on", "", "Mean over steps (and seeds) of the trained batch's groups "
+                  "by number count: share of all groups, and share that are informative (0 < success < 1; the "
+                  "informative shares sum to the mean effective ratio).", "", *composition, ""]
     if len(pools) > 1:
         lines += ["## Pool-size sweep", "", f"Seeds {cfg.seeds[: cfg.sweep_seeds]} outside the main pool.", "",
                   *sweep_lines(pools, strategies), ""]

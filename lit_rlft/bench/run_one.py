@@ -27,7 +27,7 @@ from lit_rlft.bench.strategies import SELECTION_NAME
 SERIES_TAGS = ("effective_ratio", "reward", "time/step_s", "time/generation_s", "budget/completions",
                "dots/pearson", "dots/reference_pearson", "dps/accuracy", "dps/cold_start_pearson",
                "dps/cold_start_reference_pearson", "frac_reward_zero_std")
-SERIES_PREFIXES = ("replay/", "dynamic_sampling/", "budget/completions_")
+SERIES_PREFIXES = ("replay/", "dynamic_sampling/", "budget/completions_", "composition/")
 
 
 def run_json_path(out_dir: str | Path, spec: RunSpec) -> Path:
@@ -59,7 +59,7 @@ def train(cfg: StudyConfig, spec: RunSpec, warm_start: str, out_dir: Path) -> di
     from lit_rlft.bench.evaluation import EvalCallback
     from lit_rlft.bench.strategies import strategy_callbacks
     from lit_rlft.bench.tasks import datamodule, train_subset_ids
-    from lit_rlft.callbacks import RolloutBudgetStop
+    from lit_rlft.callbacks import BatchCompositionLogger, RolloutBudgetStop
     from lit_rlft.models.tiny import TinyConfig
     from lit_rlft.module import GRPOModule
     from lit_rlft.reporting import read_scalars
@@ -81,7 +81,7 @@ def train(cfg: StudyConfig, spec: RunSpec, warm_start: str, out_dir: Path) -> di
     evaluator = EvalCallback(marks, train_subset_ids(cfg, spec.pool_size), cfg.eval_num_generations,
                              cfg.train_subset_generations, cfg.learnable_buckets, cfg.generation_chunk)
     callbacks = [*strategy_callbacks(spec.strategy, cfg, spec.seed, str(out_dir / "cache" / "embeddings")),
-                 RolloutBudgetStop(cfg.budget_completions), evaluator]
+                 BatchCompositionLogger("difficulty"), RolloutBudgetStop(cfg.budget_completions), evaluator]
     step_completions = cfg.batch_size * cfg.num_generations
     max_steps = cfg.max_steps_factor * math.ceil(cfg.budget_completions / step_completions) + 10
     trainer = L.Trainer(

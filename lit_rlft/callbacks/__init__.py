@@ -8,6 +8,7 @@ prompts into the datamodule's batch plan from ``on_train_batch_end``; rollout ho
 from lit_rlft.callbacks.base import RolloutHook
 from lit_rlft.callbacks.budget import RolloutBudgetStop
 from lit_rlft.callbacks.completions import CompletionLogger
+from lit_rlft.callbacks.composition import BatchCompositionLogger
 from lit_rlft.callbacks.dots import DifficultyPredictorConfig, DOTSCallback
 from lit_rlft.callbacks.dps import DPSCallback
 from lit_rlft.callbacks.dynamic import DynamicSamplingCallback
@@ -17,6 +18,6 @@ from lit_rlft.callbacks.replay import ReplayCallback
 from lit_rlft.callbacks.selection import SelectionCallback
 
 __all__ = [
-    "CompletionLogger", "DOTSCallback", "DPSCallback", "DifficultyPredictorConfig", "DynamicSamplingCallback", "HistoryResamplingCallback", "ReplayCallback",
+    "BatchCompositionLogger", "CompletionLogger", "DOTSCallback", "DPSCallback", "DifficultyPredictorConfig", "DynamicSamplingCallback", "HistoryResamplingCallback", "ReplayCallback",
     "RolloutBudgetStop", "RolloutHook", "SelectionCallback", "SuccessRateRecorder",
 ]

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+import lit_rlft.bench.cli as bench_cli
 from lit_rlft.bench.config import RunSpec, StudyConfig
 from lit_rlft.bench.stats import crossing, ratio_summary
 from lit_rlft.cli import main
@@ -21,8 +22,6 @@ TINY_STUDY = dict(
 
 
 def test_bench_end_to_end_two_strategies(tmp_path, monkeypatch):
-    import lit_rlft.bench.cli as bench_cli
-
     # The CLI's flags cover the common options; the tiny sizes go through StudyConfig.
     monkeypatch.setattr(bench_cli, "config_from_args", lambda a: StudyConfig(
         strategies=a.strategies, jobs=a.jobs, **TINY_STUDY))
@@ -44,6 +43,7 @@ def test_bench_end_to_end_two_strategies(tmp_path, monkeypatch):
             assert len(run["series"][tag]) == run["steps"], tag
     dps = json.loads((out / "runs" / "dps-pool64-seed0.json").read_text())
     assert "dps/overhead_s" in dps["series"] and "dps/accuracy" in dps["series"]
+    assert len(dps["series"]["composition/difficulty_2/share"]) == dps["steps"]  # what the batch held, per step
 
     study = json.loads((out / "study.json").read_text())
     assert study["config"]["strategies"] == ["uniform", "dps"]
@@ -59,6 +59,8 @@ def test_bench_end_to_end_two_strategies(tmp_path, monkeypatch):
 
     results = (out / "results.md").read_text()
     assert "| strategy |" in results and "| uniform |" in results and "| dps |" in results
+    assert "## What each strategy trained on" in results and "share 2 numbers" in results
+    assert "distinct prompts trained" in results
     for png in ("accuracy_vs_rollouts.png", "accuracy_vs_time.png", "effective_ratio.png"):
         assert (out / png).stat().st_size > 1000, png
 
@@ -91,6 +93,16 @@ def test_study_config_runs_and_quick():
     assert len(quick.runs()) == 8 and quick.budget_completions < cfg.budget_completions
     with pytest.raises(ValueError, match="unknown strategies"):
         StudyConfig(strategies=["nope"])
+
+
+def test_set_overrides_any_study_field_and_rejects_unknown_ones(capsys):
+    a = bench_cli.parser().parse_args(["--set", "num_generations=16", "--set", "dots_alpha=0.3",
+                                       "--set", "num_numbers=[3, 4]", "--seeds", "0"])
+    cfg = bench_cli.config_from_args(a)
+    assert (cfg.num_generations, cfg.dots_alpha, cfg.num_numbers, cfg.seeds) == (16, 0.3, [3, 4], [0])
+    with pytest.raises(SystemExit):
+        bench_cli.parser().parse_args(["--set", "num_generatoins=16"])
+    assert "StudyConfig field" in capsys.readouterr().err
 
 
 def test_crossing_is_interpolated_and_censored():
