@@ -1,15 +1,18 @@
 """GRPOModule: GRPO with the off-policy (replay) loss as a LightningModule, with manual optimisation.
 
-One training step (rollout step), as named calls::
+Thin glue around two Lightning-free parts: the rollout worker (``lit_rlft.rollout.worker``: engine + rewards) and
+the policy updater (``lit_rlft.update``). One training step (rollout step), as named calls::
 
-    prompt_ids = self.data.plan.next_batch()        # 1. what the plan says (callbacks wrote it last step)
-    rollouts = self.generate_rollouts(prompt_ids)   # 2. generate G completions per prompt, 3. score them
-    rollouts = self.apply_rollout_hooks(rollouts)   # 4. callbacks reshape (dynamic sampling, replay)
-    advantages = group_advantages(...)              # 5. group-relative advantages
-    self.optimize(rollouts, advantages)             # 6. num_iterations x num_mini_batches optimizer steps
-    # 7. on_train_batch_end: callbacks observe outcomes and plan the next step
+    prompt_ids = self.plan_batch()                          # 1. the global plan (callbacks wrote it last step)
+    rollouts, record = self.rollout(prompt_ids)             # 2-3. this rank's slice: generate G completions, score
+    rollouts, record = self.apply_rollout_hooks(...)        # 4. callbacks reshape (dynamic sampling, replay)
+    advantages = group_advantages(...)                      # 5. group-relative advantages
+    self.updater.update(rollouts, advantages, backend)      # 6. num_iterations x num_mini_batches optimizer steps
+    # 7. on_train_batch_end: callbacks observe the gathered record and plan the next step
 
-Notation: ``B`` prompts, ``G = num_generations``, ``N = B * G``, ``P`` prompt length, ``L`` completion length.
+Notation: ``B`` prompts (global), ``G = num_generations``, ``N = B * G``, ``W`` ranks, ``P`` prompt length, ``L``
+completion length. On ``W`` ranks, rank ``r`` rolls out and trains on the ``r``-th slice of ``B / W`` prompts; the
+``record`` (an :class:`~lit_rlft.core.types.OutcomeRecord`) holds every rank's outcomes (see ``docs/distributed.md``).
 
 ``trainer.max_steps`` counts optimizer steps (Lightning's and TRL's convention): one rollout step makes
 ``num_iterations * num_mini_batches`` of them. TensorBoard's x axis is the rollout step.
@@ -20,29 +23,32 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Literal
 
 import lightning as L
 import numpy as np
 import torch
-from torch import Tensor
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor, nn
 
 from lit_rlft.budget import RolloutBudget
 from lit_rlft.callbacks.base import RolloutHook
 from lit_rlft.core.advantages import ScaleRewards, group_advantages
-from lit_rlft.core.logprobs import completion_logprobs
 from lit_rlft.core.losses import GRPOLoss, LossType, OffPolicyForm
-from lit_rlft.core.types import Rollouts, left_pad
-from lit_rlft.models.loading import LoRAConfig, apply_lora, load_policy
+from lit_rlft.core.types import OutcomeRecord, Rollouts
+from lit_rlft.distributed import Collective, LocalCollective, get_collective, padded_shard, seed_salt, shard_slice
+from lit_rlft.metrics import ValidationMetrics, rollout_metrics
+from lit_rlft.models.loading import LoRAConfig, apply_lora, load_model, load_tokenizer_for
+from lit_rlft.models.sharding import fsdp_no_sync, fully_shard_policy, is_sharded, low_precision_warning
 from lit_rlft.models.tiny import TinyConfig
 from lit_rlft.optim import adamw_with_warmup
 from lit_rlft.rewards.runner import RewardRunner, resolve_reward
 from lit_rlft.rollout.base import RolloutEngine, SamplingConfig
 from lit_rlft.rollout.hf import HFEngine
-from lit_rlft.selection.base import effective_ratio
-from lit_rlft.selection.dynamic import keep_mask
+from lit_rlft.rollout.worker import RolloutWorker
+from lit_rlft.update import PolicyUpdater, sequence_logprobs
 
 RewardFunc = Callable[..., Sequence[float | None]]
 
@@ -50,11 +56,16 @@ RewardFunc = Callable[..., Sequence[float | None]]
 class GRPOModule(L.LightningModule):
     """Group Relative Policy Optimisation with rollout-replay support.
 
+    The policy is built in :meth:`configure_model`, so strategies can shard it (FSDP2 through
+    ``ModelParallelStrategy``); the tokenizer is loaded at once (the datamodule needs it in ``setup``).
+
     Args:
         model: HF causal-LM directory or hub name, or ``"tiny"`` (a freshly initialised tiny Qwen2).
         tiny: size of the tiny model when ``model="tiny"``.
-        dtype: ``float32`` | ``bfloat16`` | ``float16`` weights.
+        dtype: ``float32`` | ``bfloat16`` | ``float16`` weights. Keep ``float32`` and set ``trainer.precision:
+            bf16-mixed`` on GPUs: AdamW's small updates round away in bfloat16 weights.
         lora: LoRA adapters (peft); ``None`` trains all parameters.
+        engine: the rollout engine (``class_path`` in YAML); ``None``: :class:`~lit_rlft.rollout.HFEngine`.
         reward_funcs: reward callables or dotted paths (``lit_rlft.rewards.countdown_reward``).
         reward_weights: one weight per reward function (default 1 each).
         reward_timeout_s: a reward call running longer scores 0 and is counted (``rewards/timeouts``).
@@ -64,7 +75,7 @@ class GRPOModule(L.LightningModule):
         top_p: nucleus sampling.
         top_k: top-k sampling (0 = off).
         max_completion_length: new tokens per completion at most.
-        generation_batch_size: sequences per ``generate`` call (``None`` = the whole batch).
+        generation_batch_size: sequences per ``generate`` call of the default HF engine (``None`` = the whole batch).
         scale_rewards: ``group`` (GRPO), ``batch`` or ``none`` (Dr. GRPO) advantage normalisation.
         loss_type: ``grpo`` (sequence mean), ``dapo`` (token mean) or ``dr_grpo`` (sum / max length).
         epsilon: lower clip range.
@@ -73,8 +84,9 @@ class GRPOModule(L.LightningModule):
         off_policy: replayed samples' loss: ``geppo`` (reference code) or ``paper`` (ratio to the behaviour policy).
         importance_cap: cap on pi_old / mu for replayed samples (``geppo``).
         num_iterations: passes over each rollout batch (TRL's ``num_iterations``, PPO epochs).
-        num_mini_batches: optimizer steps per pass; the batch's sequences are shuffled and split.
-        micro_batch_size: sequences per forward/backward (gradient accumulation inside a mini-batch).
+        num_mini_batches: optimizer steps per pass; each rank's sequences are shuffled and split.
+        micro_batch_size: sequences per forward/backward (gradient accumulation inside a mini-batch, with gradient
+            sync across ranks on the last micro-batch only).
         learning_rate: AdamW learning rate.
         adam_betas: AdamW betas.
         weight_decay: AdamW weight decay.
@@ -84,8 +96,8 @@ class GRPOModule(L.LightningModule):
         eval_num_generations: samples per validation prompt (mean@k accuracy and pass@k).
         eval_temperature: validation temperature (``None`` = the training temperature).
         generation_seed: re-seed torch's generator at the start of every rollout step with
-            ``(generation_seed, step)``, so a resumed run samples what the uninterrupted run sampled
-            (``None``: never re-seed).
+            ``(generation_seed, step, rank)``, so a resumed run samples what the uninterrupted run sampled and ranks
+            sample independently (``None``: never re-seed).
     """
 
     def __init__(
@@ -94,6 +106,7 @@ class GRPOModule(L.LightningModule):
         tiny: TinyConfig | None = None,
         dtype: Literal["float32", "bfloat16", "float16"] = "float32",
         lora: LoRAConfig | None = None,
+        engine: RolloutEngine | None = None,
         reward_funcs: list[RewardFunc] | None = None,
         reward_weights: list[float] | None = None,
         reward_timeout_s: float = 10.0,
@@ -125,7 +138,7 @@ class GRPOModule(L.LightningModule):
         generation_seed: int | None = 0,
     ):
         super().__init__()
-        self.save_hyperparameters(ignore=["reward_funcs", "tiny", "lora"])
+        self.save_hyperparameters(ignore=["reward_funcs", "tiny", "lora", "engine"])
         # Plain types only: Lightning loads checkpoints with weights_only=True, which refuses dataclasses.
         self.hparams["tiny"] = _plain(tiny)
         self.hparams["lora"] = _plain(lora)
@@ -149,6 +162,8 @@ class GRPOModule(L.LightningModule):
             raise ValueError(f"scale_rewards must be one of group, batch, none; got {scale_rewards!r}")
         if lr_scheduler not in ("constant", "cosine"):
             raise ValueError(f"lr_scheduler must be constant or cosine, got {lr_scheduler!r}")
+        if engine is not None and not isinstance(engine, RolloutEngine):
+            raise TypeError(f"engine must be a lit_rlft.rollout.RolloutEngine, got {type(engine).__name__}")
         self.model_name = model
         self.G = num_generations
         self.sampling = SamplingConfig(temperature, top_p, top_k, max_completion_length)
@@ -158,137 +173,228 @@ class GRPOModule(L.LightningModule):
             epsilon=epsilon, epsilon_high=epsilon_high, loss_type=loss_type, beta=beta,
             max_completion_length=max_completion_length, off_policy=off_policy, importance_cap=importance_cap,
         )
+        self.updater = PolicyUpdater(self.loss_fn, temperature, num_iterations, num_mini_batches, micro_batch_size,
+                                     max_grad_norm)
         funcs = [resolve_reward(f) for f in (reward_funcs or [])]
         if not funcs:
             raise ValueError("reward_funcs is empty: give at least one, e.g. lit_rlft.rewards.countdown_reward")
         self.rewards = RewardRunner(funcs, weights=reward_weights, timeout_s=reward_timeout_s)
-        self.policy: torch.nn.Module | None = None
-        self.ref_model: torch.nn.Module | None = None
-        self.engine: RolloutEngine | None = None
-        self.tokenizer: Any = None
-        self.budget = RolloutBudget()
-        self.rollout_step = 0  # completed rollout steps (checkpointed)
-        self._eval: dict[str, list[float]] = defaultdict(list)
+        self.engine: RolloutEngine = engine if engine is not None else HFEngine(max_batch_size=generation_batch_size)
+        self.tiny = tiny
         # Objects are kept as given: under LightningCLI, ``self.hparams`` holds the raw config (dicts).
         self.lora = lora
-        self._load_tokenizer_and_policy(tiny)
+        self.tokenizer = load_tokenizer_for(model)
+        self.policy: nn.Module | None = None
+        self._frozen: dict[str, nn.Module | None] = {"ref": None}  # not a submodule: kept out of checkpoints
+        self.worker: RolloutWorker | None = None
+        self.budget = RolloutBudget()
+        self.reward_totals: dict[str, int] = {}  # reward failures over all ranks (checkpointed)
+        self.rollout_step = 0  # completed rollout steps (checkpointed)
+        self.plan_mismatches = 0  # steps where a rank planned other prompts than rank 0 (should stay 0)
+        self.val_metrics: ValidationMetrics | None = None
+        self.last_eval: dict[str, float] = {}
+        self._collective: Collective = LocalCollective()
+        self._loop: Any = None  # the Fabric loop driving this module, when there is no Trainer
+        self._step_generation_s = 0.0
 
     # ------------------------------------------------------------------------------------------------ set-up
-    def _load_tokenizer_and_policy(self, tiny: TinyConfig | None) -> None:
+    @property
+    def ref_model(self) -> nn.Module | None:
+        """The frozen reference policy for the KL penalty (full fine-tuning with ``beta > 0`` only; with LoRA the
+        reference is the base model with adapters disabled). Not a submodule, so not in checkpoints."""
+        return self._frozen["ref"]
+
+    def configure_model(self) -> None:
+        """Build the policy (and reference), wrap LoRA, shard under ``ModelParallelStrategy`` (FSDP2), bind the engine.
+
+        Idempotent: Lightning may call it again (e.g. ``validate`` after ``fit``).
+        """
+        if self.policy is not None:
+            return
+        self.build_policy(mesh=self._fsdp_mesh())
+
+    def build_policy(self, mesh: Any = None) -> None:
+        """The model construction behind :meth:`configure_model` (also called by the Fabric loop).
+
+        ``mesh``: a 1-D data-parallel device mesh to shard the policy over with FSDP2 (``None``: no sharding).
+        """
         hp = self.hparams
-        policy, self.tokenizer = load_policy(hp.model, dtype=hp.dtype, tiny=tiny)
+        policy = load_model(hp.model, dtype=hp.dtype, tiny=self.tiny)
         if self.lora is not None:
             policy = apply_lora(policy, self.lora)
-        elif hp.beta > 0:
-            self.ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+        ref = copy.deepcopy(policy).eval().requires_grad_(False) if hp.beta > 0 and self.lora is None else None
+        if mesh is not None:
+            fully_shard_policy(policy, mesh)
+            if ref is not None:
+                fully_shard_policy(ref, mesh)
         self.policy = policy
-        self.engine = HFEngine(policy, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id,
-                               max_batch_size=hp.generation_batch_size)
+        self._frozen["ref"] = ref
+        self.engine.setup(policy, self.tokenizer, sharded=is_sharded(policy))
+
+    def _fsdp_mesh(self) -> Any:
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        strategy = getattr(self._trainer, "strategy", None)
+        if not isinstance(strategy, ModelParallelStrategy):
+            return None
+        mesh = strategy.device_mesh
+        if mesh["tensor_parallel"].size() != 1:
+            raise ValueError("ModelParallelStrategy: lit_rlft shards the policy with FSDP2 only; set "
+                             "tensor_parallel_size: 1 (and data_parallel_size to the number of devices)")
+        return mesh["data_parallel"]
+
+    @property
+    def context(self) -> Any:
+        """What drives this module: the Trainer, or the Fabric loop (both give ``datamodule`` and ``callbacks``)."""
+        return self._loop if self._loop is not None else self.trainer
 
     @property
     def data(self) -> Any:
-        """The prompt source (``trainer.datamodule``): plan, pools, tokenised prompts, reward columns."""
-        return self.trainer.datamodule
+        """The prompt source (the datamodule): plan, pools, tokenised prompts, reward columns."""
+        return self.context.datamodule
+
+    @property
+    def collective(self) -> Collective:
+        """The ranks of this run (:class:`~lit_rlft.distributed.LocalCollective` on one process)."""
+        return self._collective
 
     def setup(self, stage: str) -> None:
-        if self.trainer.datamodule is None:
+        if self.context.datamodule is None:
             raise RuntimeError("GRPOModule needs a PromptDataModule (trainer.fit(module, datamodule=...))")
+        self._collective = get_collective()
         self.data.set_tokenizer(self.tokenizer)
+        world = self._collective.world_size
+        if stage == "fit" and self.data.batch_size % world:
+            raise ValueError(
+                f"data.batch_size ({self.data.batch_size}) must divide by the number of ranks ({world}): the "
+                f"global batch is split evenly, every rank rolls out data.batch_size / {world} prompts"
+            )
+        if getattr(self.data, "val_pool", None) is not None:
+            difficulty = self.data.reward_columns(self.data.val_pool.ids, "val").get("difficulty")
+            buckets = sorted(set(difficulty), key=str) if difficulty is not None else []
+            self.val_metrics = ValidationMetrics(self.hparams.eval_num_generations, buckets)
 
     def on_fit_start(self) -> None:
         # A validation run before fit (e.g. the demo's "before" evaluation) leaves modules in eval mode.
         self.policy.train()
+        if self.ref_model is not None:
+            self.ref_model.to(self.device)
+        if self.worker is None or self.worker.rewards is not self.rewards:
+            self.worker = RolloutWorker(self.engine, self.rewards, self.tokenizer, self.hparams.success_threshold)
+
+    def on_validation_start(self) -> None:
+        if self.worker is None or self.worker.rewards is not self.rewards:
+            self.worker = RolloutWorker(self.engine, self.rewards, self.tokenizer, self.hparams.success_threshold)
 
     def configure_optimizers(self) -> Any:
         hp = self.hparams
-        total = self.trainer.max_steps if self.trainer.max_steps and self.trainer.max_steps > 0 else None
+        max_steps = getattr(self.context, "max_steps", None)
+        total = max_steps if max_steps and max_steps > 0 else None
+        warning = low_precision_warning(self.policy, hp.learning_rate)
+        if warning:
+            rank_zero_warn(warning)
         return adamw_with_warmup(self.policy.parameters(), hp.learning_rate, hp.adam_betas, hp.weight_decay,
                                  hp.warmup_steps, hp.lr_scheduler, total)
 
     # ------------------------------------------------------------------------------------------ rollouts
-    def generate_rollouts(
+    def rollout(
         self,
         prompt_ids: np.ndarray,
         purpose: str = "train",
         split: Literal["train", "val"] = "train",
         sampling: SamplingConfig | None = None,
         num_generations: int | None = None,
-    ) -> Rollouts:
-        """Generate ``G`` completions for each prompt id ``[B]`` and score them (steps 2-3).
+        pad: bool = False,
+    ) -> tuple[Rollouts, OutcomeRecord]:
+        """Roll out the global prompt ids ``[b]``: this rank generates and scores its slice, all ranks gather the
+        outcomes (steps 2-3). A collective call: every rank must make it with the same ids.
 
-        Every call is charged to the budget under ``purpose`` unless ``purpose == "eval"``.
+        Returns this rank's :class:`Rollouts` and the :class:`OutcomeRecord` of all ``b`` prompts. Every call is
+        charged to the (global) budget under ``purpose`` unless ``purpose == "eval"``. ``b`` must divide by the
+        number of ranks, unless ``pad``: then each rank rolls out ``ceil(b / W)`` prompts (a rank short of them
+        repeats its last one; the repeats are generated and charged but left out of the record), and this rank's
+        real rows are the first ``padded_shard(prompt_ids, rank, W)[1]`` groups of its rollouts.
         """
-        G = num_generations or self.G
+        coll = self.collective
         ids = np.asarray(prompt_ids, dtype=np.int64)
-        prompts = self.data.prompt_tokens(ids, split)
-        t0 = time.perf_counter()
-        out = self.engine.generate(prompts, G, sampling or self.sampling)
-        seconds = time.perf_counter() - t0
+        if pad:
+            local_ids, valid = padded_shard(ids, coll.rank, coll.world_size)
+        else:
+            local_ids = ids[shard_slice(len(ids), coll.rank, coll.world_size, what=f"{purpose} batch")]
+            valid = len(local_ids)
+        before = dict(getattr(self.rewards, "totals", {}))
+        payload = error = local = None
+        try:
+            local = self.worker.rollout(self.data, local_ids, num_generations or self.G, sampling or self.sampling,
+                                        self.rollout_step, split)
+            after = getattr(self.rewards, "totals", {})
+            cost = {"prompts": len(local_ids), "completions": local.completion_tokens.shape[0],
+                    "tokens": int(local.completion_mask.sum()), "seconds": local.generation_s}
+            failures = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+            record = OutcomeRecord.from_rollouts(local.select_groups(torch.arange(valid)) if valid < len(local_ids)
+                                                 else local)
+            payload = (record, cost, failures)
+        except Exception as exc:
+            error = exc
+        parts = coll.gather_checked(payload, error, f"generating and scoring {purpose} rollouts")
+        record = OutcomeRecord.concat([p[0] for p in parts])
+        seconds = max(p[1]["seconds"] for p in parts)  # wall time: the ranks generate side by side
         if purpose != "eval":
-            self.budget.add(len(ids), len(ids) * G, out.num_tokens, seconds, purpose)
-        self._last_generation_s = seconds
-        texts = self.tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
-        cols = self.data.reward_columns(ids, split)
-        cols = {k: [v for v in vals for _ in range(G)] for k, vals in cols.items()}
-        scored = self.rewards(texts, cols)
-        rewards = scored.total.view(len(ids), G)
-        self._last_reward_result = scored
-        p_tok, p_mask = left_pad(prompts, self.tokenizer.pad_token_id)  # [B, P] each
-        return Rollouts(
-            prompt_ids=torch.as_tensor(ids),
-            prompt_tokens=p_tok.repeat_interleave(G, dim=0),
-            prompt_mask=p_mask.repeat_interleave(G, dim=0),
-            completion_tokens=out.completion_ids,
-            completion_mask=out.completion_mask,
-            rewards=rewards,
-            correct=rewards >= self.hparams.success_threshold,
-            birth_step=torch.full((len(ids),), self.rollout_step, dtype=torch.long),
-            is_replay=torch.zeros(len(ids), dtype=torch.bool),
-            truncated=torch.tensor([r == "length" for r in out.finish_reasons]),
-            completions=texts,
-            prompts=self.data.prompt_texts(ids, split),
-            pad_id=self.tokenizer.pad_token_id,
-        )
+            self.budget.add(sum(p[1]["prompts"] for p in parts), sum(p[1]["completions"] for p in parts),
+                            sum(p[1]["tokens"] for p in parts), seconds, purpose)
+            self._step_generation_s += seconds
+        for p in parts:
+            for k, v in p[2].items():
+                self.reward_totals[k] = self.reward_totals.get(k, 0) + int(v)
+        return local, record
 
     def success_rates(self, prompt_ids: np.ndarray, purpose: str = "reference") -> np.ndarray:
         """Roll out ``prompt_ids`` ``[K]`` under the current policy and return their success rates ``[K]``.
 
-        Used by strategies that label prompts outside the training batch (DOTS' reference set); charged to the
-        budget under ``purpose``. Sampling is re-seeded from ``(generation_seed, step)`` so a resumed run labels
-        prompts exactly as the uninterrupted run did.
+        Used by strategies that label prompts outside the training batch (DOTS' reference set); sharded over the
+        ranks (any ``K``), charged to the budget under ``purpose``. Sampling is re-seeded from
+        ``(generation_seed, step, rank)`` so a resumed run labels prompts exactly as the uninterrupted run did.
         """
         self._reseed(salt=1)
-        return self.generate_rollouts(prompt_ids, purpose=purpose).success_rates.numpy()
+        _, record = self.rollout(prompt_ids, purpose=purpose, pad=True)
+        return record.success_rates.numpy()
 
     def _reseed(self, salt: int) -> None:
-        """Seed torch's generator from ``(generation_seed, rollout_step, salt)`` (no-op without a seed)."""
+        """Seed torch's generator from ``(generation_seed, rollout_step, salt, rank)`` (no-op without a seed)."""
         if self.hparams.generation_seed is not None:
-            torch.manual_seed(self.hparams.generation_seed * 1_000_003 + self.rollout_step + salt * 1_000_000_007)
+            torch.manual_seed(self.hparams.generation_seed * 1_000_003 + self.rollout_step + salt * 1_000_000_007
+                              + seed_salt(self.collective.rank))
 
-    def apply_rollout_hooks(self, rollouts: Rollouts) -> Rollouts:
-        """Step 4: let :class:`RolloutHook` callbacks reshape the batch, in ``trainer.callbacks`` order."""
-        for cb in self.trainer.callbacks:
+    def plan_batch(self) -> np.ndarray:
+        """Step 1: the global prompt ids ``[B]`` of this step from the datamodule's plan, the same on every rank.
+
+        Every rank computes its plan from the same gathered outcomes; rank 0's is used, and a rank that planned
+        something else (its selection state drifted: a bug) is reported and counted in ``dist/plan_mismatches``.
+        """
+        ids, mismatches = self.collective.check_same(self.data.plan.next_batch(), "plan")
+        if mismatches:
+            self.plan_mismatches += 1
+            rank_zero_warn(f"step {self.rollout_step}: {mismatches} rank(s) planned other prompts than rank 0 "
+                           "(their selection state differs); training on rank 0's plan")
+        return ids
+
+    def apply_rollout_hooks(self, rollouts: Rollouts, record: OutcomeRecord) -> tuple[Rollouts, OutcomeRecord]:
+        """Step 4: let :class:`RolloutHook` callbacks reshape the batch, in callback order."""
+        for cb in self.context.callbacks:
             if isinstance(cb, RolloutHook):
-                rollouts = cb.on_rollouts(self.trainer, self, rollouts)
-        return rollouts
+                rollouts, record = cb.on_rollouts(self.context, self, rollouts, record)
+        return rollouts, record
 
     # ------------------------------------------------------------------------------------------ log-probs
     def sequence_logprobs(
-        self, model: torch.nn.Module, rollouts: Rollouts, rows: Tensor, with_entropy: bool = False
+        self, model: nn.Module, rollouts: Rollouts, rows: Tensor, with_entropy: bool = False
     ) -> tuple[Tensor, Tensor | None]:
         """Per-token log-probs ``[n, L]`` (and entropy) of the completions at ``rows`` ``[n]`` under ``model``."""
-        prompt, comp = rollouts.prompt_tokens[rows], rollouts.completion_tokens[rows]
-        attn = torch.cat([rollouts.prompt_mask[rows], rollouts.completion_mask[rows]], dim=1).to(self.device)
-        input_ids = torch.cat([prompt, comp], dim=1).to(self.device)  # [n, P+L]
-        position_ids = (attn.cumsum(dim=1) - 1).clamp(min=0)  # as generate computes them under left padding
-        L_ = comp.shape[1]
-        logits = model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids,
-                       logits_to_keep=L_ + 1).logits[:, :-1]  # [n, L, V]
-        logprobs, entropy = completion_logprobs(logits, comp.to(self.device), self.sampling.temperature)
-        return logprobs, (entropy if with_entropy else None)
+        return sequence_logprobs(model, rollouts, rows, self.sampling.temperature, self.device, with_entropy)
 
     @torch.no_grad()
-    def _reference_logprobs(self, rollouts: Rollouts, rows: Tensor) -> Tensor | None:
+    def reference_logprobs(self, rollouts: Rollouts, rows: Tensor) -> Tensor | None:
+        """``[n, L]`` log-probs under the reference policy (``None`` without a KL penalty)."""
         if self.hparams.beta == 0:
             return None
         if self.lora is not None:
@@ -298,140 +404,79 @@ class GRPOModule(L.LightningModule):
 
     # ------------------------------------------------------------------------------------------ training
     def training_step(self, batch: Any, batch_idx: int) -> dict[str, Any]:
+        return self.grpo_step(_TrainerBackend(self))
+
+    def grpo_step(self, backend: Any) -> dict[str, Any]:
+        """One rollout step with ``backend`` doing the optimisation (Trainer or Fabric); returns the step's outputs:
+        this rank's ``rollouts``, the global ``record`` and the plan's ``plan_source``."""
         t_step = time.perf_counter()
+        self._step_generation_s = 0.0
         self._reseed(salt=0)
-        prompt_ids = self.data.plan.next_batch()  # 1
-        rollouts = self.generate_rollouts(prompt_ids)  # 2-3
-        generation_s = self._last_generation_s
-        fresh_reward_result = self._last_reward_result
-        rollouts = self.apply_rollout_hooks(rollouts)  # 4
-        advantages = group_advantages(rollouts.rewards, self.hparams.scale_rewards)  # 5, [B, G]
-        loss_metrics = self.optimize(rollouts, advantages.reshape(-1))  # 6
+        prompt_ids = self.plan_batch()  # 1
+        plan_source = self.data.plan.last_source
+        rollouts, record = self.rollout(prompt_ids)  # 2-3
+        rollouts, record = self.apply_rollout_hooks(rollouts, record)  # 4
+        trained = record.trained_batch()
+        batch_rewards = trained.rewards if self.collective.is_distributed else None
+        advantages = group_advantages(rollouts.rewards, self.hparams.scale_rewards,
+                                      batch_rewards=batch_rewards)  # 5, [B_local, G]
+        loss_metrics = self.updater.update(rollouts, advantages.reshape(-1), backend, self.collective,
+                                           self.reference_logprobs)  # 6
         self.rollout_step += 1
-        metrics = {**self.rollout_metrics(rollouts), **loss_metrics, **self.budget.metrics()}
-        metrics.update({f"rewards/{k}/mean": float(v.mean()) for k, v in fresh_reward_result.per_func.items()})
-        metrics.update({f"rewards/{k}": float(v) for k, v in self.rewards.totals.items()})
-        metrics["time/generation_s"] = generation_s
+        metrics = rollout_metrics(rollouts, trained, self.collective)
+        metrics.update(self.collective.reduce_metrics(loss_metrics))
+        metrics.update(self.budget.metrics())
+        fresh = record.fresh()
+        metrics.update({f"rewards/{k}/mean": float(np.nanmean(v.numpy())) for k, v in fresh.reward_per_func.items()
+                        if v.numel() and not bool(torch.isnan(v).all())})
+        metrics.update({f"rewards/{k}": float(v) for k, v in self.reward_totals.items()})
+        metrics["time/generation_s"] = self._step_generation_s
         metrics["time/step_s"] = time.perf_counter() - t_step
-        metrics["time/generation_share"] = generation_s / max(metrics["time/step_s"], 1e-9)
+        metrics["time/generation_share"] = self._step_generation_s / max(metrics["time/step_s"], 1e-9)
+        if self.collective.is_distributed:
+            metrics["dist/world_size"] = float(self.collective.world_size)
+            metrics["dist/plan_mismatches"] = float(self.plan_mismatches)
         reward = metrics.pop("reward")
-        self.log("reward", reward, prog_bar=True, on_step=True, on_epoch=False, batch_size=rollouts.num_groups)
-        self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=rollouts.num_groups)
-        return {"rollouts": rollouts, "plan_source": self.data.plan.last_source}
+        self.log("reward", reward, prog_bar=True, on_step=True, on_epoch=False, batch_size=trained.num_groups)
+        self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=trained.num_groups)
+        return {"rollouts": rollouts, "record": record, "plan_source": plan_source}
 
-    def optimize(self, rollouts: Rollouts, advantages: Tensor) -> dict[str, float]:
-        """Step 6: ``num_iterations`` passes of ``num_mini_batches`` optimizer steps over the ``N`` sequences.
+    def log_dict(self, dictionary: Any, *args: Any, **kwargs: Any) -> None:
+        """Lightning's ``log_dict`` under the Trainer; under the Fabric loop, straight to its loggers at the rollout
+        step (so callbacks log the same way in both)."""
+        if self._loop is not None:
+            self._loop.log_metrics(dict(dictionary))
+            return
+        super().log_dict(dictionary, *args, **kwargs)
 
-        ``advantages`` is ``[N]``. pi_old is the policy that generated the fresh rows: when the batch is used for
-        one optimizer step only, it equals the current policy, so its log-probs come from the same forward pass.
-        """
-        hp = self.hparams
-        opt = self.optimizers()
-        sched = self.lr_schedulers()
-        N = rollouts.completion_tokens.shape[0]
-        single_update = hp.num_iterations == 1 and hp.num_mini_batches == 1
-        old = None if single_update else self._old_logprobs(rollouts)
-        stats: dict[str, list[float]] = defaultdict(list)
-        for _ in range(hp.num_iterations):
-            perm = torch.randperm(N) if hp.num_mini_batches > 1 else torch.arange(N)
-            for mb in perm.chunk(hp.num_mini_batches):
-                opt.zero_grad(set_to_none=True)
-                weight_total = self._loss_weight(rollouts, mb)
-                micro = hp.micro_batch_size or len(mb)
-                for rows in mb.split(micro):
-                    out, entropy = self._loss(rollouts, rows, advantages, old)
-                    self.manual_backward(out.loss * (self._loss_weight(rollouts, rows) / weight_total))
-                    for k, v in out.metrics.items():
-                        stats[k].append(float(v))
-                    stats["entropy"].append(float(entropy))
-                    stats["loss"].append(float(out.loss.detach()))
-                if hp.max_grad_norm > 0:
-                    params = [p for p in self.policy.parameters() if p.requires_grad]
-                    stats["grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(params, hp.max_grad_norm)))
-                opt.step()
-                sched.step()
-        reduce = {"/min": np.min, "/max": np.max}
-        out = {k: float(reduce.get(k[k.rfind("/"):], np.mean)(v)) for k, v in stats.items()}
-        out["learning_rate"] = float(sched.get_last_lr()[0])
-        return out
-
-    def _loss_weight(self, rollouts: Rollouts, rows: Tensor) -> float:
-        """Share of a micro-batch in its mini-batch's loss: tokens for ``dapo``, sequences otherwise."""
-        if self.hparams.loss_type == "dapo":
-            return float(rollouts.completion_mask[rows].sum().clamp(min=1))
-        return float(len(rows))
-
-    @torch.no_grad()
-    def _old_logprobs(self, rollouts: Rollouts) -> Tensor:
-        N = rollouts.completion_tokens.shape[0]
-        micro = self.hparams.micro_batch_size or N
-        parts = [self.sequence_logprobs(self.policy, rollouts, rows)[0] for rows in torch.arange(N).split(micro)]
-        return torch.cat(parts)
-
-    def _loss(self, rollouts: Rollouts, rows: Tensor, advantages: Tensor, old: Tensor | None) -> tuple[Any, Tensor]:
-        logprobs, entropy = self.sequence_logprobs(self.policy, rollouts, rows, with_entropy=True)  # [n, L]
-        mask = rollouts.completion_mask[rows].to(self.device)
-        old_rows = logprobs.detach() if old is None else old[rows].to(self.device)
-        behaviour = None
-        if bool(rollouts.is_replay.any()):
-            if rollouts.behaviour_logprobs is None:
-                raise RuntimeError("replayed groups need behaviour_logprobs (set by the replay callback)")
-            replay_rows = rollouts.is_replay.repeat_interleave(rollouts.group_size)[rows].to(self.device)
-            stored = rollouts.behaviour_logprobs[rows].to(self.device)
-            behaviour = torch.where(replay_rows[:, None], stored, old_rows)
-        if rollouts.old_logprobs is None:
-            rollouts.old_logprobs = torch.zeros(rollouts.completion_tokens.shape, dtype=torch.float32)
-        rollouts.old_logprobs[rows] = old_rows.detach().float().cpu()
-        out = self.loss_fn(
-            logprobs, old_rows, advantages[rows].to(self.device), mask,
-            ref_logprobs=self._reference_logprobs(rollouts, rows), behaviour_logprobs=behaviour,
-        )
-        ent = (entropy.detach() * mask).sum() / mask.sum().clamp(min=1)
-        return out, ent
-
-    # ------------------------------------------------------------------------------------------ metrics
-    def rollout_metrics(self, rollouts: Rollouts) -> dict[str, float]:
-        """TRL-named statistics of the batch actually trained on."""
-        r = rollouts.rewards
-        std = r.std(dim=1)
-        lengths = rollouts.completion_mask.sum(dim=1).float()
-        return {
-            "reward": float(r.mean()),
-            "reward_std": float(std.mean()),
-            "accuracy": float(rollouts.correct.float().mean()),
-            # max == min rather than std == 0: the float std of equal rewards such as 0.1 need not be exactly 0
-            "frac_reward_zero_std": float(1.0 - keep_mask(r.numpy()).mean()),
-            "effective_ratio": effective_ratio(rollouts.success_rates.numpy()),
-            "completions/mean_length": float(lengths.mean()),
-            "completions/min_length": float(lengths.min()),
-            "completions/max_length": float(lengths.max()),
-            "completions/clipped_ratio": float(rollouts.truncated.float().mean()),
-            "batch/groups": float(rollouts.num_groups),
-            "batch/replayed_groups": float(rollouts.is_replay.sum()),
-        }
+    def log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+        if self._loop is not None:
+            self._loop.log_metrics({name: value})
+            return
+        super().log(name, value, *args, **kwargs)
 
     # ------------------------------------------------------------------------------------------ validation
     def validation_step(self, batch: Tensor, batch_idx: int) -> None:
-        """Accuracy sampled at the eval temperature on validation prompt ids ``batch`` ``[b]``."""
-        ids = batch.cpu().numpy()
+        """Accuracy sampled at the eval temperature on the global validation ids ``batch`` ``[b]``; each rank rolls
+        out its share and updates its metric states (synced across ranks at the end of the epoch)."""
+        ids = batch.cpu().numpy() if isinstance(batch, Tensor) else np.asarray(batch)
         k = self.hparams.eval_num_generations
-        roll = self.generate_rollouts(ids, purpose="eval", split="val", sampling=self.eval_sampling, num_generations=k)
-        acc = roll.correct.float().mean(dim=1).tolist()  # [b] mean@k
-        passk = roll.correct.any(dim=1).float().tolist()
-        self._eval["accuracy"].extend(acc)
-        self._eval[f"pass@{k}"].extend(passk)
-        self._eval["reward"].extend(roll.rewards.mean(dim=1).tolist())
-        difficulty = self.data.reward_columns(ids, "val").get("difficulty")
-        if difficulty is not None:
-            for d, a in zip(difficulty, acc):
-                self._eval[f"accuracy/difficulty_{d}"].append(a)
+        local_ids, valid = padded_shard(ids, self.collective.rank, self.collective.world_size)
+        roll, _ = self.rollout(ids, purpose="eval", split="val", sampling=self.eval_sampling, num_generations=k,
+                               pad=True)
+        roll = roll.select_groups(torch.arange(valid))
+        difficulty = self.data.reward_columns(local_ids[:valid], "val").get("difficulty") if valid else None
+        self.val_metrics.update(roll.correct, roll.rewards, difficulty)
 
     def on_validation_epoch_end(self) -> None:
-        metrics = {f"val/{k}": float(np.mean(v)) for k, v in self._eval.items() if v}
-        metrics.update({f"val/n/{k}": float(len(v)) for k, v in self._eval.items() if k.startswith("accuracy")})
-        self._eval.clear()
+        metrics = {f"val/{k}": v for k, v in self.val_metrics.compute().items()} if self.val_metrics else {}
+        if self.val_metrics is not None:
+            self.val_metrics.reset()
         if metrics:
-            self.log_dict(metrics, on_step=False, on_epoch=True)
+            if self._loop is not None:
+                self._loop.log_metrics(metrics)
+            else:
+                super().log_dict(metrics, on_step=False, on_epoch=True, rank_zero_only=True)
         self.last_eval = metrics
 
     # ------------------------------------------------------------------------------------------ checkpoints
@@ -439,14 +484,19 @@ class GRPOModule(L.LightningModule):
         checkpoint["lit_rlft"] = {
             "rollout_step": self.rollout_step,
             "budget": self.budget.state_dict(),
-            "reward_totals": dict(self.rewards.totals),
+            "reward_totals": dict(self.reward_totals),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("lit_rlft", {})
         self.rollout_step = state.get("rollout_step", 0)
         self.budget.load_state_dict(state.get("budget", {}))
-        self.rewards.totals.update(state.get("reward_totals", {}))
+        self.reward_totals = dict(state.get("reward_totals", {}))
+        # Checkpoints of versions before 0.2 held the frozen reference copy; it is rebuilt, not loaded.
+        weights = checkpoint.get("state_dict")
+        if isinstance(weights, dict):
+            for key in [k for k in weights if k.startswith("ref_model.")]:
+                del weights[key]
 
     def save_pretrained(self, path: str) -> None:
         """Write the policy (merged LoRA adapters included) and tokenizer as an HF checkpoint directory."""
@@ -455,6 +505,82 @@ class GRPOModule(L.LightningModule):
             model = copy.deepcopy(model).merge_and_unload()
         model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
+
+
+class _TrainerBackend:
+    """How the updater optimises under Lightning's Trainer (manual optimisation)."""
+
+    def __init__(self, module: GRPOModule):
+        self.module = module
+        self.trainer = module.trainer
+        self.opt = module.optimizers()
+        self.sched = module.lr_schedulers()
+
+    @property
+    def model(self) -> nn.Module:
+        return self.module.policy
+
+    @property
+    def device(self) -> torch.device:
+        return self.module.device
+
+    @property
+    def world_size(self) -> int:
+        return self.module.collective.world_size
+
+    def backward(self, loss: Tensor) -> None:
+        self.module.manual_backward(loss)  # DDP: Lightning prepares the reducer; AMP: the scaler scales
+
+    def no_sync(self) -> AbstractContextManager:
+        return _no_sync(self.trainer.strategy, self.module.policy)
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        # Lightning's `clip_gradients` clips the *scaled* gradients under 16-mixed in manual optimisation (it
+        # unscales only inside optimizer.step) and returns no norm; clip the same parameters here, at the scaled
+        # threshold, which is exactly clipping the unscaled gradients at `max_norm`.
+        plugin = self.trainer.precision_plugin
+        scale = _grad_scale(plugin)
+        params = [p for p in plugin.main_params(self.opt.optimizer) if p.grad is not None]
+        return clip_grad_norm(params, max_norm * scale) / scale
+
+    def optimizer_step(self) -> None:
+        self.opt.step()
+        self.sched.step()
+
+    def zero_grad(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+
+    def learning_rate(self) -> float:
+        return float(self.sched.get_last_lr()[0])
+
+
+@contextmanager
+def _no_sync(strategy: Any, policy: nn.Module) -> Iterator[None]:
+    """Skip the gradient all-reduce / reduce-scatter of one backward (DDP's ``no_sync``, FSDP2's gradient sync)."""
+    if is_sharded(policy):
+        with fsdp_no_sync(policy):
+            yield
+    elif hasattr(strategy, "block_backward_sync"):
+        with strategy.block_backward_sync():
+            yield
+    else:
+        yield
+
+
+def _grad_scale(precision_plugin: Any) -> float:
+    scaler = getattr(precision_plugin, "scaler", None)
+    return float(scaler.get_scale()) if scaler is not None else 1.0
+
+
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
+    """``torch.nn.utils.clip_grad_norm_`` over ``params``; the global norm before clipping, also for FSDP2's sharded
+    (DTensor) gradients."""
+    if not params:
+        return 0.0
+    total = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if hasattr(total, "full_tensor"):
+        total = total.full_tensor()
+    return float(total)
 
 
 def _check_positive(**values: int) -> None:

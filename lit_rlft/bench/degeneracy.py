@@ -34,7 +34,7 @@ def measure_degeneracy(cfg: StudyConfig, pool_size: int, warm_start: str, thread
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
     policy, tok = load_policy(warm_start, tiny=TinyConfig(**(cfg.tiny or {})) if warm_start == "tiny" else None)
-    engine = HFEngine(policy, tok.pad_token_id, tok.eos_token_id)
+    engine = HFEngine.bound(policy, tok)
     dm = datamodule(cfg, pool_size, seed=0, with_eval=False)
     dm.setup("fit")
     dm.set_tokenizer(tok)

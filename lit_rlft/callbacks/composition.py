@@ -20,7 +20,6 @@ from typing import Any
 
 import lightning as L
 import numpy as np
-from lightning.pytorch.utilities import rank_zero_only
 
 #: More distinct values than this means the column is not a bucket (an id, a free-text field).
 MAX_BUCKETS = 32
@@ -89,12 +88,11 @@ class BatchCompositionLogger(L.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._seen = {int(i) for i in state_dict.get("seen", [])}
 
-    @rank_zero_only
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if not outputs or "rollouts" not in outputs:
+        if not outputs or "record" not in outputs:
             return
-        r = outputs["rollouts"]
+        r = outputs["record"].trained_batch()  # the global batch, every rank's groups
         values = self._column(trainer.datamodule.reward_columns(r.prompt_ids.numpy(), "train"))
         metrics = self.composition(values, r.success_rates.numpy())
         metrics.update(self.recurrence(r.prompt_ids.tolist(), r.is_replay.tolist()))

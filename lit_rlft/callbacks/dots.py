@@ -53,9 +53,14 @@ class DifficultyPredictorConfig:
 
 def build_dots_selector(
     cfg: DifficultyPredictorConfig, trainer: L.Trainer, pl_module: L.LightningModule, alpha: float, tau: float,
-    seed: int,
-) -> DOTSSelector:
-    """Embed the training pool (cached) and build the Lightning-free :class:`DOTSSelector`."""
+    seed: int, resume_key: str | None = None,
+) -> tuple[DOTSSelector, str]:
+    """Embed the training pool (cached) and build the Lightning-free :class:`DOTSSelector`.
+
+    Returns the selector and the embeddings' cache key. A resumed run passes the key its checkpoint recorded as
+    ``resume_key``: the policy has trained since the run started, so embedding it again would give other
+    embeddings (and other selections) than the uninterrupted run's.
+    """
     dm = trainer.datamodule
     pool = dm.train_pool
     if cfg.reference_size + dm.plan.batch_size > len(pool):
@@ -66,11 +71,14 @@ def build_dots_selector(
     texts = dm.prompt_texts(pool.ids)
     if cfg.embedding_model is None:
         model = getattr(pl_module.policy, "get_base_model", lambda: pl_module.policy)()
-        emb = cached_embeddings(texts, model, cfg.cache_dir, tokenizer=pl_module.tokenizer, device=pl_module.device,
-                                batch_size=cfg.embedding_batch_size, progress=trainer.is_global_zero)
+        emb, key = cached_embeddings(texts, model, cfg.cache_dir, tokenizer=pl_module.tokenizer,
+                                     device=pl_module.device, batch_size=cfg.embedding_batch_size,
+                                     progress=trainer.is_global_zero, collective=pl_module.collective,
+                                     resume_key=resume_key, return_key=True)
     else:
-        emb = cached_embeddings(texts, cfg.embedding_model, cfg.cache_dir, batch_size=cfg.embedding_batch_size,
-                                device=pl_module.device, progress=trainer.is_global_zero)
+        emb, key = cached_embeddings(texts, cfg.embedding_model, cfg.cache_dir, batch_size=cfg.embedding_batch_size,
+                                     device=pl_module.device, progress=trainer.is_global_zero,
+                                     collective=pl_module.collective, resume_key=resume_key, return_key=True)
     if cfg.adapters and not Path(cfg.adapters).exists():
         raise FileNotFoundError(f"adapters: {cfg.adapters} does not exist")
     predictor = load_predictor(cfg.adapters) if cfg.adapters else None
@@ -78,7 +86,7 @@ def build_dots_selector(
         emb, alpha=alpha, tau=tau, reference_size=cfg.reference_size, update_every=cfg.update_every,
         temperature_attn=cfg.temperature_attn, calibration=cfg.calibration, predictor=predictor,
         online_fit=cfg.online_fit, online_steps_per_update=cfg.online_steps_per_update, seed=seed,
-    )
+    ), key
 
 
 def refresh_reference(selector: DOTSSelector, pl_module: L.LightningModule, rng: np.random.Generator) -> float:
@@ -144,6 +152,7 @@ class DOTSCallback(SelectionCallback):
         if not 0 <= alpha <= 1:
             raise ValueError(f"DOTSCallback: alpha must be in [0, 1], got {alpha}")
         self.alpha, self.tau = alpha, tau
+        self.embedding_key: str | None = None  # cache key of the pool embeddings (checkpointed, for exact resume)
         self.config = DifficultyPredictorConfig(
             reference_size=reference_size, update_every=update_every, calibration=calibration,
             temperature_attn=temperature_attn, embedding_model=embedding_model, adapters=adapters,
@@ -152,7 +161,16 @@ class DOTSCallback(SelectionCallback):
         )
 
     def build(self, trainer: L.Trainer, pl_module: L.LightningModule, num_prompts: int) -> DOTSSelector:
-        return build_dots_selector(self.config, trainer, pl_module, self.alpha, self.tau, self.seed)
+        resume_key = (self._pending_state or {}).get("embedding_key")
+        selector, self.embedding_key = build_dots_selector(self.config, trainer, pl_module, self.alpha, self.tau,
+                                                           self.seed, resume_key=resume_key)
+        return selector
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if state:
+            state["embedding_key"] = self.embedding_key
+        return state
 
     def before_select(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> None:
         self._reference_pearson = float("nan")

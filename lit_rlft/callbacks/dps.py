@@ -48,6 +48,7 @@ class DPSCallback(SelectionCallback):
             raise ValueError(f"DPSCallback: confusion_every_n_steps must be >= 1, got {confusion_every_n_steps}")
         self.cold_start = cold_start
         self.cold: DOTSSelector | None = None
+        self.embedding_key: str | None = None  # cache key of the cold start's pool embeddings
         self._cold_success: np.ndarray | None = None  # [S] predicted success rates (cold start)
         self.decay, self.prior, self.entropy_bonus = decay, prior, entropy_bonus
         self.confusion_every_n_steps = confusion_every_n_steps
@@ -57,7 +58,9 @@ class DPSCallback(SelectionCallback):
 
     def build(self, trainer: L.Trainer, pl_module: L.LightningModule, num_prompts: int) -> DPSSelector:
         if self.cold_start is not None:
-            self.cold = build_dots_selector(self.cold_start, trainer, pl_module, alpha=0.5, tau=1.0, seed=self.seed)
+            resume_key = (self._pending_state or {}).get("embedding_key")
+            self.cold, self.embedding_key = build_dots_selector(self.cold_start, trainer, pl_module, alpha=0.5,
+                                                                tau=1.0, seed=self.seed, resume_key=resume_key)
         return DPSSelector(num_prompts, decay=self.decay, prior=self.prior, entropy_bonus=self.entropy_bonus)
 
     def before_select(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> None:
@@ -110,6 +113,7 @@ class DPSCallback(SelectionCallback):
             state["tracker"] = encode_state(self.tracker.state_dict())
             if self.cold is not None:
                 state["cold_start"] = encode_state(self.cold.state_dict())
+                state["embedding_key"] = self.embedding_key
                 state["cold_success"] = encode_state(self._cold_success)
         return state
 

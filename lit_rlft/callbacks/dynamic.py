@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import lightning as L
-import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lit_rlft.callbacks.base import RolloutHook
 from lit_rlft.checkpointing import decode_state, encode_state
-from lit_rlft.core.types import Rollouts
+from lit_rlft.core.types import OutcomeRecord, Rollouts
 from lit_rlft.selection.dynamic import DynamicFilter
 
 
@@ -20,7 +21,12 @@ class DynamicSamplingCallback(RolloutHook, L.Callback):
     extra rounds); groups with equal rewards are discarded. When ``max_rounds`` rounds do not find ``B`` effective
     groups, the step trains on what was kept and warns, instead of crashing; when none was kept it trains on the
     first round (whose zero advantages give no gradient). Logs ``dynamic_sampling/{rounds, kept_groups,
-    discarded_groups, rolled_out_groups, filled}``.
+    discarded_groups, rolled_out_groups, filled}``. Discarded groups stay in the step's record (not trained on), so
+    a selection callback stacked with this one observes every outcome it paid for.
+
+    On ``W`` ranks every round is global (``B`` candidates, each rank rolling out ``B / W``), the keep decision is
+    taken on the gathered rewards, and the kept groups are redistributed so that rank ``r`` trains on the ``r``-th
+    slice of them; a short batch is rounded down to a multiple of ``W``.
 
     Example::
 
@@ -34,22 +40,27 @@ class DynamicSamplingCallback(RolloutHook, L.Callback):
         self.filter = DynamicFilter(max_rounds=max_rounds)
         self.max_rounds = max_rounds
 
-    def on_rollouts(self, trainer: L.Trainer, pl_module: L.LightningModule, rollouts: Rollouts) -> Rollouts:
-        batch_size = rollouts.num_groups
+    def on_rollouts(self, trainer: L.Trainer, pl_module: L.LightningModule, rollouts: Rollouts,
+                    record: OutcomeRecord) -> tuple[Rollouts, OutcomeRecord]:
+        coll = pl_module.collective
+        batch_size = record.num_groups  # global
         round_ = self.filter.start(batch_size)
-        parts = [rollouts.select_groups(np.flatnonzero(round_.add(rollouts.rewards.numpy())))]
-        used = set(rollouts.prompt_ids.tolist())
+        locals_, records = [rollouts], [record]
+        round_.add(record.rewards.numpy(), groups=[(0, j) for j in range(record.num_groups)])
+        used = set(record.prompt_ids.tolist())
         plan = trainer.datamodule.plan
         while not round_.done:
             ids = plan.draw_unused(batch_size, used)
+            ids = ids[: len(ids) // coll.world_size * coll.world_size]
             if ids.size == 0:
                 break
             used.update(ids.tolist())
-            more = pl_module.generate_rollouts(ids, purpose="dynamic_sampling")
-            parts.append(more.select_groups(np.flatnonzero(round_.add(more.rewards.numpy()))))
+            local, more = pl_module.rollout(ids, purpose="dynamic_sampling")
+            round_.add(more.rewards.numpy(), groups=[(len(records), j) for j in range(more.num_groups)])
+            locals_.append(local)
+            records.append(more)
         result = round_.finish()
-        kept = Rollouts.concat(parts)
-        kept = kept.select_groups(torch.arange(min(batch_size, kept.num_groups)))
+        kept = result.kept[: len(result.kept) // coll.world_size * coll.world_size]
         pl_module.log_dict({
             "dynamic_sampling/rounds": float(result.rounds),
             "dynamic_sampling/kept_groups": float(result.num_kept),
@@ -62,7 +73,13 @@ class DynamicSamplingCallback(RolloutHook, L.Callback):
                 f"DynamicSamplingCallback: {result.num_kept} of {batch_size} effective groups after "
                 f"{result.rounds} rounds (max_rounds={self.max_rounds}); training on what was kept"
             )
-        return kept if kept.num_groups > 0 else rollouts
+        if not kept:  # nothing to train on: the first round (zero advantages, no gradient)
+            return rollouts, OutcomeRecord.concat([records[0], *(r.with_trained(False) for r in records[1:])])
+        trained = {label: i for i, label in enumerate(kept)}
+        flags = [torch.tensor([(k, j) in trained for j in range(r.num_groups)], dtype=torch.bool)
+                 for k, r in enumerate(records)]
+        full = OutcomeRecord.concat([replace_trained(r, f) for r, f in zip(records, flags)])
+        return _redistribute(kept, locals_, records, coll), full
 
     def state_dict(self) -> dict:
         return {"filter": encode_state(self.filter.state_dict())}
@@ -70,3 +87,40 @@ class DynamicSamplingCallback(RolloutHook, L.Callback):
     def load_state_dict(self, state_dict: dict) -> None:
         if "filter" in state_dict:
             self.filter.load_state_dict(decode_state(state_dict["filter"]))
+
+
+def replace_trained(record: OutcomeRecord, trained: torch.Tensor) -> OutcomeRecord:
+    """``record`` with its ``trained`` flags ``[n]`` replaced."""
+    return OutcomeRecord(prompt_ids=record.prompt_ids, rewards=record.rewards, correct=record.correct,
+                         is_replay=record.is_replay, trained=trained, reward_per_func=record.reward_per_func)
+
+
+def _redistribute(kept: list[tuple[int, int]], locals_: list[Rollouts], records: list[OutcomeRecord],
+                  coll: Any) -> Rollouts:
+    """This rank's slice of the kept groups, in kept order, fetching from other ranks the groups they hold.
+
+    ``kept`` lists ``(round, global row)`` labels; round ``k``'s ``n_k`` rows are split evenly, rank ``r`` holding
+    rows ``[r * n_k / W, (r + 1) * n_k / W)`` as its local groups.
+    """
+    world, rank = coll.world_size, coll.rank
+    per_rank = len(kept) // world
+
+    def owner(label: tuple[int, int]) -> tuple[int, int]:  # (rank, local index)
+        k, j = label
+        size = records[k].num_groups // world
+        return j // size, j % size
+
+    mine = kept[rank * per_rank : (rank + 1) * per_rank]
+    if not _any_remote(kept, owner, world):  # every rank holds its own slice: no exchange (always so on one rank)
+        return Rollouts.concat([locals_[k].select_groups([owner((k, j))[1]]) for k, j in mine])
+    held = {label: locals_[label[0]].select_groups([owner(label)[1]]) for label in kept if owner(label)[0] == rank}
+    everything: dict[tuple[int, int], Rollouts] = {}
+    for part in coll.all_gather(held):
+        everything.update(part)
+    return Rollouts.concat([everything[label] for label in mine])
+
+
+def _any_remote(kept: list[tuple[int, int]], owner: Any, world: int) -> bool:
+    """Whether any rank trains on a group that another rank rolled out (the same answer on every rank)."""
+    per_rank = len(kept) // world
+    return any(owner(label)[0] != r for r in range(world) for label in kept[r * per_rank : (r + 1) * per_rank])

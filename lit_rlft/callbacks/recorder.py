@@ -15,7 +15,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 
 class SuccessRateRecorder(L.Callback):
-    """Append ``{"prompt_id", "prompt", "success_rate", "step"}`` per fresh group to ``path`` after every step.
+    """Append ``{"prompt_id", "prompt", "success_rate", "step"}`` per fresh group (all ranks) to ``path`` every step.
 
     Example::
 
@@ -36,14 +36,12 @@ class SuccessRateRecorder(L.Callback):
     @rank_zero_only
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        r = outputs["rollouts"]
+        fresh = outputs["record"].fresh()  # every rank's fresh groups
         step = pl_module.rollout_step - 1
-        rates = r.success_rates.tolist()
+        ids = fresh.prompt_ids.numpy()
+        texts = trainer.datamodule.prompt_texts(ids) if ids.size else []
         self._file.parent.mkdir(parents=True, exist_ok=True)
         with self._file.open("a") as f:
-            for b in range(r.num_groups):
-                if bool(r.is_replay[b]):
-                    continue
-                row = {"prompt_id": int(r.prompt_ids[b]), "prompt": r.prompts[b] if r.prompts else None,
-                       "success_rate": rates[b], "step": step}
+            for pid, text, rate in zip(ids.tolist(), texts, fresh.success_rates.tolist()):
+                row = {"prompt_id": int(pid), "prompt": text, "success_rate": rate, "step": step}
                 f.write(json.dumps(row) + "\n")

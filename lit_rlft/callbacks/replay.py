@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from lit_rlft.callbacks.base import RolloutHook
-from lit_rlft.core.types import Rollouts, pad_to
+from lit_rlft.core.types import OutcomeRecord, Rollouts, pad_to
 from lit_rlft.selection.replay import ReplayBuffer, StoredGroup, validate_replay_config
 
 
@@ -24,6 +24,11 @@ class ReplayCallback(RolloutHook, L.Callback):
     the batch is filled with extra fresh prompts (``fill="fresh"``, the default) or left short
     (``fill="none"``, as the reference code does). Logs ``replay/{fresh_groups, replayed_groups, filled_groups,
     overlap, mean_age, buffer_size}``; the buffer is part of the checkpoint.
+
+    On ``W`` ranks the buffer is global and the same on every rank: each step adds every rank's fresh effective
+    groups (gathered), draws the replayed groups once (the same draw everywhere) and hands rank ``r`` the ``r``-th
+    slice. Every count (fresh, replayed, filled) is rounded down to a multiple of ``W`` so that every rank trains
+    on the same number of groups; ``ceil(delta * B)`` and ``B`` must divide by ``W``.
 
     Example::
 
@@ -55,35 +60,52 @@ class ReplayCallback(RolloutHook, L.Callback):
         plan = trainer.datamodule.plan
         batch_size = trainer.datamodule.batch_size
         self.num_fresh, self.num_replay = validate_replay_config(self.delta, self.capacity, batch_size)
+        world = trainer.world_size
+        if self.num_fresh % world:
+            raise ValueError(
+                f"ReplayCallback: delta={self.delta} gives {self.num_fresh} fresh prompts of data.batch_size="
+                f"{batch_size}, which does not divide by the {world} ranks: pick delta so that ceil(delta * "
+                f"batch_size) is a multiple of {world}"
+            )
         plan.batch_size = self.num_fresh
 
     # -- step 4: mix replayed groups into the fresh ones ------------------------------------------------------
-    def on_rollouts(self, trainer: L.Trainer, pl_module: L.LightningModule, rollouts: Rollouts) -> Rollouts:
-        fresh_ids = set(rollouts.prompt_ids.tolist())
+    def on_rollouts(self, trainer: L.Trainer, pl_module: L.LightningModule, rollouts: Rollouts,
+                    record: OutcomeRecord) -> tuple[Rollouts, OutcomeRecord]:
+        coll = pl_module.collective
+        world, rank = coll.world_size, coll.rank
+        fresh_ids = set(record.prompt_ids.tolist())  # every rank's fresh prompts
         overlap = sum(1 for i in fresh_ids if i in self.buffer)
-        groups = self.buffer.sample(self.num_replay, exclude_prompt_ids=fresh_ids)
-        parts = [rollouts]
+        groups = self.buffer.sample(self.num_replay, exclude_prompt_ids=fresh_ids)  # the same draw on every rank
+        groups = groups[: len(groups) // world * world]
+        per_rank = len(groups) // world
+        parts, records = [rollouts], [record]
         if groups:
-            parts.append(self._to_rollouts(groups, pl_module, rollouts.pad_id))
+            parts.append(self._to_rollouts(groups[rank * per_rank : (rank + 1) * per_rank], pl_module,
+                                           rollouts.pad_id))
+            records.append(_record_of(groups))
         short = self.num_replay - len(groups)
         filled = 0
         if short > 0 and self.fill == "fresh":
             used = fresh_ids | {g.prompt_id for g in groups}
             ids = trainer.datamodule.plan.draw_unused(short, used)
+            ids = ids[: len(ids) // world * world]
             if ids.size:
-                parts.append(pl_module.generate_rollouts(ids, purpose="train"))
+                local, filled_record = pl_module.rollout(ids, purpose="train")
+                parts.append(local)
+                records.append(filled_record)
                 filled = int(ids.size)
         step = pl_module.rollout_step
         ages = [step - g.step for g in groups]
         pl_module.log_dict({
-            "replay/fresh_groups": float(rollouts.num_groups + filled),
+            "replay/fresh_groups": float(record.num_groups + filled),
             "replay/replayed_groups": float(len(groups)),
             "replay/filled_groups": float(filled),
             "replay/overlap": float(overlap),
             "replay/mean_age": float(np.mean(ages)) if ages else 0.0,
             "replay/buffer_size": float(len(self.buffer)),
-        }, on_step=True, on_epoch=False, batch_size=rollouts.num_groups)
-        return Rollouts.concat(parts)
+        }, on_step=True, on_epoch=False, batch_size=record.num_groups)
+        return Rollouts.concat(parts), OutcomeRecord.concat(records)
 
     def _to_rollouts(self, groups: list[StoredGroup], pl_module: L.LightningModule, pad_id: int) -> Rollouts:
         G = groups[0].num_generations
@@ -115,7 +137,11 @@ class ReplayCallback(RolloutHook, L.Callback):
     # -- step 7: store this step's fresh effective groups ---------------------------------------------------
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        self.buffer.add_many(self._fresh_groups(outputs["rollouts"]))
+        groups = self._fresh_groups(outputs["rollouts"])
+        coll = pl_module.collective
+        if coll.is_distributed:  # every rank's groups, in rank order: the same buffer everywhere
+            groups = [g for part in coll.all_gather(groups) for g in part]
+        self.buffer.add_many(groups)
 
     @staticmethod
     def _fresh_groups(rollouts: Rollouts) -> list[StoredGroup]:
@@ -145,3 +171,14 @@ class ReplayCallback(RolloutHook, L.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if "buffer" in state_dict:
             self.buffer.load_state_dict(state_dict["buffer"])
+
+
+def _record_of(groups: list[StoredGroup]) -> OutcomeRecord:
+    """The outcome record of replayed groups (trained on, marked replayed)."""
+    return OutcomeRecord(
+        prompt_ids=torch.tensor([g.prompt_id for g in groups], dtype=torch.long),
+        rewards=torch.stack([g.rewards for g in groups]).float(),
+        correct=torch.stack([g.correct for g in groups]),
+        is_replay=torch.ones(len(groups), dtype=torch.bool),
+        trained=torch.ones(len(groups), dtype=torch.bool),
+    )

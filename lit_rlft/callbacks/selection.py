@@ -2,8 +2,11 @@
 
 At the end of step ``t`` it shows the strategy the outcomes of the step's *fresh* groups (replayed groups say
 nothing new about the current policy), then writes the prompts of step ``t+1`` into the datamodule's batch plan.
-The first batch is chosen in ``on_train_start``. The strategy's state and the callback's random generator are
-part of every checkpoint, so a resumed run selects exactly what the uninterrupted run selects.
+The outcomes come from the step's gathered record: every group any rank rolled out, including the candidates
+dynamic sampling discarded, so the strategy holds the same state on every rank. The strategy is built in
+``on_fit_start`` (once the policy exists) and the first batch is chosen in ``on_train_start``. The strategy's state
+and the callback's random generator are part of every checkpoint, so a resumed run selects exactly what the
+uninterrupted run selects, on any number of ranks.
 """
 
 from __future__ import annotations
@@ -55,12 +58,16 @@ class SelectionCallback(L.Callback):
 
     # -- Lightning hooks ----------------------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage != "fit" or self.strategy is not None:
+        if stage != "fit":
             return
         dm = trainer.datamodule
         if dm is None or getattr(dm, "plan", None) is None:
             raise RuntimeError(f"{type(self).__name__} needs a PromptDataModule with a training pool")
-        self.strategy = self.build(trainer, pl_module, len(dm.train_pool))
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.strategy is not None:
+            return
+        self.strategy = self.build(trainer, pl_module, len(trainer.datamodule.train_pool))
         if self._pending_state is not None:
             self._load(self._pending_state)
             self._pending_state = None
@@ -73,10 +80,9 @@ class SelectionCallback(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         t0, gen0 = time.perf_counter(), pl_module.budget.generation_s
-        rollouts = outputs["rollouts"]
-        fresh = ~rollouts.is_replay
-        ids = rollouts.prompt_ids[fresh].numpy()
-        rates = rollouts.success_rates[fresh].numpy().astype(np.float64)
+        fresh = outputs["record"].fresh()  # every rank's fresh groups, discarded candidates included
+        ids = fresh.prompt_ids.numpy()
+        rates = fresh.success_rates.numpy().astype(np.float64)
         step = pl_module.rollout_step - 1  # the step that just ran
         metrics = self.before_observe(ids, rates, step)
         self.strategy.observe(ids, rates, step)
@@ -111,7 +117,7 @@ class SelectionCallback(L.Callback):
         if not state_dict:
             return
         if self.strategy is None:
-            self._pending_state = state_dict  # restored in setup, once the pool size is known
+            self._pending_state = state_dict  # restored in on_fit_start, once the strategy is built
         else:
             self._load(state_dict)
 

@@ -26,7 +26,9 @@ def _std(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
     return x.std() if dim is None else x.std(dim=dim, keepdim=keepdim)
 
 
-def group_advantages(rewards: Tensor, scale_rewards: ScaleRewards = "group", eps: float = 1e-4) -> Tensor:
+def group_advantages(
+    rewards: Tensor, scale_rewards: ScaleRewards = "group", eps: float = 1e-4, batch_rewards: Tensor | None = None
+) -> Tensor:
     """Group-relative advantages ``A = (r - mean_group(r)) / (std + eps)``.
 
     The std is the *unbiased* one (``torch.std`` with ``correction=1``, TRL's choice): per group for
@@ -37,6 +39,8 @@ def group_advantages(rewards: Tensor, scale_rewards: ScaleRewards = "group", eps
         rewards: ``[B, G]`` one scalar reward per completion, groups along dim 0.
         scale_rewards: ``"group"``, ``"batch"`` or ``"none"``; see :data:`ScaleRewards`.
         eps: added to the std so that zero-variance groups divide by ``eps`` instead of 0.
+        batch_rewards: ``[B_global, G]`` rewards of the whole batch whose std ``"batch"`` divides by, when
+            ``rewards`` is one rank's slice of it (default: ``rewards`` itself). Ignored by the other scalings.
 
     Returns:
         ``[B, G]`` float32 advantages.
@@ -54,7 +58,8 @@ def group_advantages(rewards: Tensor, scale_rewards: ScaleRewards = "group", eps
     if scale_rewards == "group":
         advantages = advantages / (_std(rewards, dim=1, keepdim=True) + eps)  # [B, G] / [B, 1]
     elif scale_rewards == "batch":
-        advantages = advantages / (_std(rewards) + eps)  # [B, G] / []
+        whole = rewards if batch_rewards is None else batch_rewards.float()  # [B_global, G]
+        advantages = advantages / (_std(whole) + eps)  # [B, G] / []
     return advantages
 
 

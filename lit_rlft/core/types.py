@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -24,6 +25,7 @@ def pad_to(x: Tensor, length: int, value: float, left: bool = False) -> Tensor:
 
 
 _GROUP_FIELDS = ("prompt_ids", "rewards", "correct", "birth_step", "is_replay")
+_SCALAR_FIELDS = ("pad_id", "generation_s")
 
 
 def left_pad(rows: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
@@ -43,7 +45,10 @@ class Rollouts:
     """One rollout batch: ``B`` groups of ``G`` completions, fresh or replayed.
 
     ``behaviour_logprobs`` are the per-token log-probs of the policy that generated each sequence (pi_old for
-    fresh rows, the stored mu for replayed ones); ``None`` until the module computes them.
+    fresh rows, the stored mu for replayed ones); ``None`` until the module computes them. ``engine_logprobs`` are
+    the log-probs the rollout engine reported while sampling (``None`` when the engine was not asked for them).
+    ``reward_per_func`` holds each reward function's unweighted scores (NaN rows for groups that were not scored
+    here, such as replayed ones); ``generation_s`` is the wall time the engine spent generating these rows.
     """
 
     prompt_ids: Tensor  # [B] long, stable pool ids
@@ -58,9 +63,12 @@ class Rollouts:
     truncated: Tensor  # [N] bool, stopped by max_new_tokens rather than EOS
     behaviour_logprobs: Tensor | None = None  # [N, L] float32, mu of replayed rows (fresh rows: unused)
     old_logprobs: Tensor | None = None  # [N, L] float32, pi_old of this step (filled by the module's update)
+    engine_logprobs: Tensor | None = None  # [N, L] float32, the engine's sampling log-probs (if requested)
+    reward_per_func: dict[str, Tensor] = field(default_factory=dict)  # name -> [B, G] float32, unweighted
     completions: list[str] = field(default_factory=list)  # [N] decoded text, for logging
     prompts: list[str] = field(default_factory=list)  # [B] prompt text, for logging
     pad_id: int = 0
+    generation_s: float = 0.0  # engine wall time spent on these rows
 
     @property
     def num_groups(self) -> int:
@@ -83,8 +91,10 @@ class Rollouts:
         out = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name in ("pad_id",):
+            if f.name in _SCALAR_FIELDS:
                 out[f.name] = v
+            elif f.name == "reward_per_func":
+                out[f.name] = {k: t[idx] for k, t in v.items()}
             elif f.name == "completions":
                 out[f.name] = [v[i] for i in rows.tolist()] if v else []
             elif f.name == "prompts":
@@ -130,11 +140,100 @@ class Rollouts:
             truncated=cat([p.truncated for p in parts]),
             behaviour_logprobs=cat_optional("behaviour_logprobs"),
             old_logprobs=cat_optional("old_logprobs"),
+            engine_logprobs=cat_optional("engine_logprobs"),
+            reward_per_func=_cat_per_func([p.reward_per_func for p in parts], [p.rewards for p in parts]),
             completions=[c for p in parts for c in p.completions],
             prompts=[c for p in parts for c in p.prompts],
             pad_id=pad,
+            generation_s=sum(p.generation_s for p in parts),
         )
 
     def with_behaviour(self, logprobs: Tensor) -> Rollouts:
         """A copy whose ``behaviour_logprobs`` are ``logprobs`` ``[N, L]``."""
         return replace(self, behaviour_logprobs=logprobs)
+
+
+def _cat_per_func(dicts: list[dict[str, Tensor]], rewards: list[Tensor]) -> dict[str, Tensor]:
+    """Concatenate per-function ``[b, G]`` scores along groups; a part without a function gets NaN rows."""
+    names = list(dict.fromkeys(k for d in dicts for k in d))
+    return {
+        k: torch.cat([d[k] if k in d else torch.full(r.shape, float("nan")) for d, r in zip(dicts, rewards)])
+        for k in names
+    }
+
+
+@dataclass
+class OutcomeRecord:
+    """The outcome of every group a step rolled out, on every rank: what selection callbacks observe.
+
+    One row per group (``n`` rows): the global training batch (fresh and replayed groups, all ranks) and the groups
+    a rollout hook rolled out and did not train on (dynamic sampling's discarded candidates, ``trained = False``).
+    Rows are in global order: for each generation call, rank 0's groups, then rank 1's, ... It holds no tokens, so
+    gathering it costs little; every rank holds the same record, which is what keeps their selection states equal.
+    """
+
+    prompt_ids: Tensor  # [n] long
+    rewards: Tensor  # [n, G] float32
+    correct: Tensor  # [n, G] bool
+    is_replay: Tensor  # [n] bool
+    trained: Tensor  # [n] bool, part of the batch trained on
+    reward_per_func: dict[str, Tensor] = field(default_factory=dict)  # name -> [n, G], NaN rows when not scored
+
+    @property
+    def num_groups(self) -> int:
+        return int(self.prompt_ids.shape[0])
+
+    @property
+    def success_rates(self) -> Tensor:
+        """``[n]`` fraction of each group's completions that are correct."""
+        return success_rates(self.correct)
+
+    @classmethod
+    def from_rollouts(cls, rollouts: Rollouts, trained: bool = True) -> OutcomeRecord:
+        """The record of one rank's rollouts (no tokens)."""
+        return cls(
+            prompt_ids=rollouts.prompt_ids.detach().cpu(),
+            rewards=rollouts.rewards.detach().cpu(),
+            correct=rollouts.correct.detach().cpu(),
+            is_replay=rollouts.is_replay.detach().cpu(),
+            trained=torch.full((rollouts.num_groups,), trained, dtype=torch.bool),
+            reward_per_func={k: v.detach().cpu() for k, v in rollouts.reward_per_func.items()},
+        )
+
+    @staticmethod
+    def concat(parts: list[OutcomeRecord]) -> OutcomeRecord:
+        parts = [p for p in parts if p.num_groups > 0] or parts[:1]
+        if len(parts) == 1:
+            return parts[0]
+        return OutcomeRecord(
+            prompt_ids=torch.cat([p.prompt_ids for p in parts]),
+            rewards=torch.cat([p.rewards for p in parts]),
+            correct=torch.cat([p.correct for p in parts]),
+            is_replay=torch.cat([p.is_replay for p in parts]),
+            trained=torch.cat([p.trained for p in parts]),
+            reward_per_func=_cat_per_func([p.reward_per_func for p in parts], [p.rewards for p in parts]),
+        )
+
+    def select(self, index: Tensor | np.ndarray | list[int]) -> OutcomeRecord:
+        """The rows at ``index`` (``[k]`` positions or an ``[n]`` bool mask), in that order."""
+        idx = torch.as_tensor(np.asarray(index))
+        if idx.dtype == torch.bool:
+            idx = torch.nonzero(idx).flatten()
+        idx = idx.long()
+        return OutcomeRecord(
+            prompt_ids=self.prompt_ids[idx], rewards=self.rewards[idx], correct=self.correct[idx],
+            is_replay=self.is_replay[idx], trained=self.trained[idx],
+            reward_per_func={k: v[idx] for k, v in self.reward_per_func.items()},
+        )
+
+    def with_trained(self, trained: bool) -> OutcomeRecord:
+        """A copy whose rows are all marked ``trained``."""
+        return replace(self, trained=torch.full((self.num_groups,), trained, dtype=torch.bool))
+
+    def fresh(self) -> OutcomeRecord:
+        """The groups generated this step (not replayed), trained on or not."""
+        return self.select(~self.is_replay)
+
+    def trained_batch(self) -> OutcomeRecord:
+        """The groups of the global training batch (fresh and replayed)."""
+        return self.select(self.trained)

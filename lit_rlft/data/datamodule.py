@@ -2,6 +2,11 @@
 
 The train loader yields step tokens only (see :mod:`lit_rlft.data.plan`); the module resolves prompts through
 :meth:`PromptDataModule.prompt_tokens` and :meth:`PromptDataModule.reward_columns` when the step runs.
+
+Both loaders are iterable data sets with a length, which Lightning never shards: every rank sees every step token
+and every validation batch of *global* prompt ids, and the module splits the work between ranks itself (the same
+global plan everywhere, each rank its slice). A ``DistributedSampler`` would shuffle the step tokens and pad the
+validation ids with repeats, counting some prompts twice.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from typing import Any, Literal
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from lit_rlft.checkpointing import decode_state, encode_state
 from lit_rlft.data.plan import BatchPlan
@@ -24,8 +29,8 @@ from lit_rlft.data.templates import render_prompt
 Split = Literal["train", "val"]
 
 
-class _StepTokens(Dataset):
-    """``length`` integer tokens: one per training step of an epoch."""
+class _StepTokens(IterableDataset):
+    """``length`` integer tokens, one per training step of an epoch (split between loader workers, in order)."""
 
     def __init__(self, length: int):
         self.length = length
@@ -33,8 +38,24 @@ class _StepTokens(Dataset):
     def __len__(self) -> int:
         return self.length
 
-    def __getitem__(self, i: int) -> int:
-        return i
+    def __iter__(self):
+        info = get_worker_info()
+        start, stride = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(range(start, self.length, stride))
+
+
+class _GlobalBatches(IterableDataset):
+    """Consecutive batches of ``batch_size`` ids (the last one shorter), the same on every rank."""
+
+    def __init__(self, ids: np.ndarray, batch_size: int):
+        self.ids, self.batch_size = np.asarray(ids, dtype=np.int64), batch_size
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.ids) / self.batch_size)
+
+    def __iter__(self):
+        for start in range(0, len(self.ids), self.batch_size):
+            yield torch.as_tensor(self.ids[start : start + self.batch_size])
 
 
 class PromptDataModule(L.LightningDataModule):
@@ -169,14 +190,13 @@ class PromptDataModule(L.LightningDataModule):
         return math.ceil(len(self.pool("train")) / self.batch_size)
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(_StepTokens(self.steps_per_epoch()), batch_size=None, shuffle=False,
+        return DataLoader(_StepTokens(self.steps_per_epoch()), batch_size=None,
                           num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
 
     def val_dataloader(self) -> DataLoader | list:
         if self.val_pool is None:
             return []  # no held-out prompts: validation is skipped
-        ids = torch.as_tensor(self.pool("val").ids)
-        return DataLoader(ids, batch_size=self.val_batch_size, shuffle=False)
+        return DataLoader(_GlobalBatches(self.pool("val").ids, self.val_batch_size), batch_size=None)
 
     # -- checkpointing ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -16,11 +16,15 @@ import json
 import os
 import pickle
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
+
+from lit_rlft.distributed import Collective, LocalCollective, padded_shard
 
 POOLING = "mean-last-hidden-v1"  # part of the cache key: bump when the pooling changes
 
@@ -37,8 +41,10 @@ def mean_pooled_embeddings(
 ) -> Tensor:
     """Mean over the attention mask of the last hidden state, one row per text.
 
-    Works for encoders and causal LMs alike: it calls the model's base (``model.base_model``, so a causal LM skips
-    its vocabulary projection) with ``output_hidden_states=True`` and pools ``hidden_states[-1]``. Texts are
+    Works for encoders and causal LMs alike: it pools ``hidden_states[-1]`` of a forward with
+    ``output_hidden_states=True``, through the model's base (``model.base_model``) for an encoder, and through the
+    whole causal LM with ``logits_to_keep=1`` for a causal LM (the same hidden states; the vocabulary projection is
+    skipped, and a sharded model is entered through its root, where FSDP gathers the embeddings). Texts are
     truncated to ``max_length`` tokens, sorted by length into batches (less padding) and padded on the right by
     hand, so the tokenizer needs no pad token. The model runs in eval mode and gets its train/eval mode back.
 
@@ -59,7 +65,9 @@ def mean_pooled_embeddings(
         raise ValueError(f"`batch_size` and `max_length` must be >= 1, got {batch_size!r} and {max_length!r}")
     if not texts:
         return torch.zeros(0, _hidden_size(model), dtype=torch.float32)
-    base = getattr(model, "base_model", model)
+    causal = _is_causal_lm(model)
+    base = model if causal else getattr(model, "base_model", model)
+    extra = {"logits_to_keep": 1} if causal else {}
     was_training = model.training
     original_device = next(model.parameters()).device
     model.eval()
@@ -83,7 +91,7 @@ def mean_pooled_embeddings(
                 input_ids[j, : len(ids[i])] = torch.tensor(ids[i], dtype=torch.long)
                 mask[j, : len(ids[i])] = 1
             hidden = base(
-                input_ids=input_ids.to(device), attention_mask=mask.to(device), output_hidden_states=True
+                input_ids=input_ids.to(device), attention_mask=mask.to(device), output_hidden_states=True, **extra
             ).hidden_states[-1]  # [b, L, D]
             m = mask.to(hidden.device, torch.float32).unsqueeze(-1)  # [b, L, 1]
             pooled = (hidden.float() * m).sum(1) / m.sum(1).clamp_min(1.0)  # [b, D]
@@ -93,6 +101,11 @@ def mean_pooled_embeddings(
         model.train(was_training)
         model.to(original_device)  # a policy lent for embedding goes back where it was
     return torch.stack(out)  # [S, D]
+
+
+def _is_causal_lm(model: nn.Module) -> bool:
+    get_head = getattr(model, "get_output_embeddings", None)
+    return callable(get_head) and get_head() is not None
 
 
 def _hidden_size(model: nn.Module) -> int:
@@ -139,6 +152,7 @@ def _model_fingerprint(model_path_or_obj: str | nn.Module, tokenizer: Any) -> di
         digest = hashlib.sha256()
         with torch.no_grad():
             for name, p in model.state_dict().items():
+                p = p.to_local() if hasattr(p, "to_local") else p  # an FSDP2 shard: this rank's part
                 flat = p.detach().reshape(-1)
                 digest.update(name.encode())
                 digest.update(torch.cat([flat[:64], flat[-64:]]).float().cpu().numpy().tobytes())
@@ -179,13 +193,20 @@ def cached_embeddings(
     max_length: int = 512,
     progress: bool = True,
     device: str | torch.device = "cpu",
-) -> Tensor:
+    collective: Collective | None = None,
+    resume_key: str | None = None,
+    return_key: bool = False,
+) -> Tensor | tuple[Tensor, str]:
     """:func:`mean_pooled_embeddings` of ``texts``, cached in ``cache_dir`` as ``emb-<sha256>.pt``.
 
     On a hit the tensor is read back without loading the model (for a path, only its config is read to build the
     key). On a miss, a path is loaded with :func:`load_model_and_tokenizer` (``AutoModel``, which gives the base
     model of a causal-LM checkpoint too); a model object needs ``tokenizer``. The file is written atomically
     (temporary file, then ``os.replace``), so concurrent runs or a crash never leave a torn file.
+
+    On several ranks (``collective``), rank 0 decides hit or miss and reads the file; on a miss every rank embeds an
+    equal share of the texts (the same number of forward passes each, as a sharded model needs) and the shares are
+    gathered; rank 0 writes the file. Every rank returns the same tensor.
 
     Args:
         texts: ``S`` strings.
@@ -196,36 +217,70 @@ def cached_embeddings(
             note that ``AutoTokenizer`` picks the class from the model's config, e.g. ``Qwen2Tokenizer`` for a
             qwen2 checkpoint, which rebuilds a custom saved tokenizer's pre-tokenizer: pass it explicitly then).
         batch_size / max_length / progress / device: as for :func:`mean_pooled_embeddings`.
+        collective: the ranks that share the work (default: this process alone).
+        resume_key: the key of embeddings made earlier (a resumed run: its policy has trained since, so its own key
+            would differ); used when that file is still in ``cache_dir``, else the embeddings are recomputed.
+        return_key: also return the key (what a later run passes as ``resume_key``).
 
     Returns:
-        ``[S, D]`` float32 on CPU.
+        ``[S, D]`` float32 on CPU (and the key, with ``return_key``).
     """
+    coll = collective or LocalCollective()
     is_path = isinstance(model_path_or_obj, (str, os.PathLike))
     if not is_path and tokenizer is None:
         raise ValueError("`tokenizer` is required when `model_path_or_obj` is a model object")
-    key = embeddings_cache_key(texts, _model_fingerprint(model_path_or_obj, tokenizer), max_length, key_extra)
     cache = Path(cache_dir).expanduser()
+    if resume_key is not None:
+        emb = _read_cached(cache / f"emb-{resume_key}.pt", len(texts)) if coll.rank == 0 else None
+        if coll.broadcast(emb is not None):
+            emb = coll.broadcast(emb)
+            return (emb, resume_key) if return_key else emb
+        warnings.warn(f"the embeddings of the run being resumed (emb-{resume_key}.pt) are no longer in {cache}: "
+                      "recomputing them from the current model, so difficulty predictions will differ from the "
+                      "original run's", UserWarning, stacklevel=2)
+    key = None
+    if coll.rank == 0:
+        key = embeddings_cache_key(texts, _model_fingerprint(model_path_or_obj, tokenizer), max_length, key_extra)
+    key = coll.broadcast(key)
     path = cache / f"emb-{key}.pt"
-    if path.exists():
-        try:
-            emb = torch.load(path, map_location="cpu", weights_only=True)["embeddings"]
-        except (OSError, RuntimeError, EOFError, KeyError, TypeError, pickle.UnpicklingError):
-            emb = None  # unreadable or foreign file under our name: recompute and overwrite it
-        if isinstance(emb, Tensor) and emb.ndim == 2 and emb.shape[0] == len(texts):
-            return emb
+    emb = _read_cached(path, len(texts)) if coll.rank == 0 else None
+    if coll.broadcast(emb is not None):
+        emb = coll.broadcast(emb)
+        return (emb, key) if return_key else emb
     if is_path:
         model, loaded_tokenizer = load_model_and_tokenizer(str(model_path_or_obj), device)
         tokenizer = tokenizer if tokenizer is not None else loaded_tokenizer
     else:
         model = model_path_or_obj
-    emb = mean_pooled_embeddings(model, tokenizer, texts, batch_size, max_length, progress, device)
-    cache.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=cache, prefix=path.name, suffix=".tmp")
+    share, valid = padded_shard(np.arange(len(texts)), coll.rank, coll.world_size)
+    local = mean_pooled_embeddings(model, tokenizer, [texts[i] for i in share], batch_size, max_length,
+                                   progress and coll.rank == 0, device)
+    emb = torch.cat(coll.all_gather(local[:valid])) if coll.is_distributed else local
+    if coll.rank == 0:
+        _write_cached(path, emb, key, max_length)
+    return (emb, key) if return_key else emb
+
+
+def _read_cached(path: Path, num_texts: int) -> Tensor | None:
+    """The cached ``[S, D]`` embeddings at ``path``, or None (missing, unreadable, foreign or of another size)."""
+    if not path.exists():
+        return None
+    try:
+        emb = torch.load(path, map_location="cpu", weights_only=True)["embeddings"]
+    except (OSError, RuntimeError, EOFError, KeyError, TypeError, pickle.UnpicklingError):
+        return None  # unreadable or foreign file under our name: recompute and overwrite it
+    if isinstance(emb, Tensor) and emb.ndim == 2 and emb.shape[0] == num_texts:
+        return emb
+    return None
+
+
+def _write_cached(path: Path, emb: Tensor, key: str, max_length: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     os.close(fd)
     try:
-        torch.save({"embeddings": emb, "key": key, "num_texts": len(texts), "max_length": max_length}, tmp)
+        torch.save({"embeddings": emb, "key": key, "num_texts": emb.shape[0], "max_length": max_length}, tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-    return emb

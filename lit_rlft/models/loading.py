@@ -35,24 +35,34 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def load_policy(
     name_or_path: str, dtype: str = "float32", tiny: TinyConfig | None = None, **kwargs: Any
 ) -> tuple[nn.Module, Any]:
-    """Return ``(model, tokenizer)``.
+    """Return ``(model, tokenizer)``: :func:`load_model` and :func:`load_tokenizer_for`.
 
     ``name_or_path`` is an HF checkpoint directory or hub name, or ``"tiny"`` for a freshly initialised tiny
     Qwen2 with the character tokenizer (``tiny`` sets its size).
     """
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
-    if name_or_path == TINY:
-        tok = char_tokenizer()
-        return tiny_qwen2(tok, tiny).to(_DTYPES[dtype]), tok
-    from transformers import AutoModelForCausalLM
+    return load_model(name_or_path, dtype, tiny, **kwargs), load_tokenizer_for(name_or_path)
 
+
+def load_tokenizer_for(name_or_path: str) -> Any:
+    """The policy's tokenizer, set up for generation: a pad token (EOS if it has none) and left padding."""
+    if name_or_path == TINY:
+        return char_tokenizer()
     tok = load_tokenizer(name_or_path)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=_DTYPES[dtype], **kwargs)
-    return model, tok
+    return tok
+
+
+def load_model(name_or_path: str, dtype: str = "float32", tiny: TinyConfig | None = None, **kwargs: Any) -> nn.Module:
+    """The causal LM at ``name_or_path`` (or the tiny Qwen2 for ``"tiny"``) in ``dtype``."""
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    if name_or_path == TINY:
+        return tiny_qwen2(char_tokenizer(), tiny).to(_DTYPES[dtype])
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(name_or_path, dtype=_DTYPES[dtype], **kwargs)
 
 
 _PLAIN_TOKENIZER_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}

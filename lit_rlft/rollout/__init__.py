@@ -1,6 +1,8 @@
-"""Rollout engines behind one protocol. vLLM is imported lazily in ``rollout/vllm.py`` only."""
+"""Rollout engines behind one interface, and the worker that generates and scores with one. vLLM is imported lazily
+in ``rollout/vllm.py`` only."""
 
 from lit_rlft.rollout.base import GenerationOutput, RolloutEngine, SamplingConfig
 from lit_rlft.rollout.hf import HFEngine
+from lit_rlft.rollout.worker import PromptSource, RolloutWorker
 
-__all__ = ["GenerationOutput", "HFEngine", "RolloutEngine", "SamplingConfig"]
+__all__ = ["GenerationOutput", "HFEngine", "PromptSource", "RolloutEngine", "RolloutWorker", "SamplingConfig"]

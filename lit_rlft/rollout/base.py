@@ -7,7 +7,7 @@ copy of the weights, synced after each optimizer step) are interchangeable.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal
 
 from torch import Tensor, nn
 
@@ -48,14 +48,26 @@ class GenerationOutput:
         return int(self.completion_mask.sum())
 
 
-@runtime_checkable
-class RolloutEngine(Protocol):
-    """What the training module needs from a generator."""
+class RolloutEngine:
+    """What the rollout worker needs from a generator. Subclass it and choose it in YAML::
+
+        model:
+          engine:
+            class_path: lit_rlft.rollout.HFEngine
+            init_args: {max_batch_size: 256}
+
+    An engine is built without a model (the YAML holds only its settings); :meth:`setup` hands it the policy and
+    tokenizer once ``GRPOModule.configure_model`` has built (and possibly sharded) them.
+    """
+
+    def setup(self, model: nn.Module, tokenizer: Any, sharded: bool = False) -> None:
+        """Bind the policy. ``sharded``: the policy is sharded across ranks (FSDP), so every rank must run the same
+        number of forward passes while generating."""
+        raise NotImplementedError
 
     def generate(self, prompts: list[list[int]], num_generations: int, sampling: SamplingConfig) -> GenerationOutput:
         """Sample ``num_generations`` completions for each tokenised prompt (no padding in ``prompts``)."""
-        ...
+        raise NotImplementedError
 
     def sync_weights(self, model: nn.Module) -> None:
         """Make the engine sample from ``model``'s current weights (no-op for engines that share the model)."""
-        ...

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
 from lit_rlft.core.types import left_pad, pad_to
-from lit_rlft.rollout.base import FinishReason, GenerationOutput, SamplingConfig
+from lit_rlft.rollout.base import FinishReason, GenerationOutput, RolloutEngine, SamplingConfig
 
 
-class HFEngine:
-    """Sample with the policy itself. Shares the model, so ``sync_weights`` has nothing to do.
+class HFEngine(RolloutEngine):
+    """Sample with the policy itself (``model.generate`` with KV cache). Shares the model, so ``sync_weights`` has
+    nothing to do. The default engine.
+
+    Under FSDP the policy's parameters are sharded and every forward pass gathers them from all ranks, so the ranks
+    must run the same number of decoding steps: a sharded policy generates with ``synced_gpus=True`` (a rank that
+    has finished keeps stepping until all have).
 
     Args:
-        model: a ``transformers`` causal LM (possibly a peft model).
-        pad_token_id: id used to pad prompts (left) and completions (right).
-        eos_token_id: generation stops at this id; it is part of the completion (and of the loss).
         max_batch_size: sequences per ``generate`` call, to bound memory (``None`` = all at once).
         return_logprobs: also return the sampling distribution's per-token log-probs. This keeps every step's
             processed scores (``[n, V]`` per token) until the end of ``generate``: fine for small models, far too
@@ -23,19 +27,36 @@ class HFEngine:
             pi_old with a forward pass), so the default is off and ``GenerationOutput.logprobs`` is ``None``.
     """
 
-    def __init__(self, model: nn.Module, pad_token_id: int, eos_token_id: int, max_batch_size: int | None = None,
-                 return_logprobs: bool = False):
-        self.model = model
-        self.pad_token_id = pad_token_id
-        self.eos_token_id = eos_token_id
+    def __init__(self, max_batch_size: int | None = None, return_logprobs: bool = False):
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ValueError(f"HFEngine: max_batch_size must be >= 1 or null, got {max_batch_size}")
         self.max_batch_size = max_batch_size
         self.return_logprobs = return_logprobs
+        self.model: nn.Module | None = None
+        self.pad_token_id = self.eos_token_id = 0
+        self.synced = False
+
+    @classmethod
+    def bound(cls, model: nn.Module, tokenizer: Any, **kwargs: Any) -> HFEngine:
+        """An engine already set up with ``model`` and ``tokenizer`` (for loops outside ``GRPOModule``)."""
+        engine = cls(**kwargs)
+        engine.setup(model, tokenizer)
+        return engine
+
+    def setup(self, model: nn.Module, tokenizer: Any, sharded: bool = False) -> None:
+        """Bind the policy and the tokenizer's pad and EOS ids (EOS ends a completion and is part of its loss)."""
+        self.model = model
+        self.pad_token_id = tokenizer.pad_token_id
+        self.eos_token_id = tokenizer.eos_token_id
+        self.synced = sharded
 
     def sync_weights(self, model: nn.Module) -> None:
         self.model = model
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], num_generations: int, sampling: SamplingConfig) -> GenerationOutput:
+        if self.model is None:
+            raise RuntimeError("HFEngine.generate before setup(model, tokenizer)")
         rows = [p for p in prompts for _ in range(num_generations)]  # N prompts, grouped
         chunk = self.max_batch_size or len(rows)
         parts = [self._generate_chunk(rows[i : i + chunk], sampling) for i in range(0, len(rows), chunk)]
@@ -71,6 +92,7 @@ class HFEngine:
                 output_scores=self.return_logprobs,
                 return_dict_in_generate=True,
                 use_cache=True,
+                synced_gpus=self.synced,
             )
         finally:
             self.model.train(was_training)

@@ -18,14 +18,14 @@ def engine_parts():
 
 def test_engine_satisfies_the_protocol(engine_parts):
     model, tok = engine_parts
-    assert isinstance(HFEngine(model, tok.pad_token_id, tok.eos_token_id), RolloutEngine)
+    assert isinstance(HFEngine.bound(model, tok), RolloutEngine)
 
 
 def test_eos_ends_a_completion_and_everything_after_is_padding(engine_parts):
     model, tok = engine_parts
     # An untrained policy at a high temperature samples EOS (about 1 in 100 tokens) at random positions:
     # over 64 completions of up to 40 tokens both finish reasons occur.
-    engine = HFEngine(model, tok.pad_token_id, tok.eos_token_id)
+    engine = HFEngine.bound(model, tok)
     torch.manual_seed(0)
     out = engine.generate([tok("1 2>3=")["input_ids"]], 64, SamplingConfig(max_new_tokens=40, temperature=5.0))
     assert {"stop", "length"} == set(out.finish_reasons)
@@ -45,15 +45,15 @@ def test_groups_are_contiguous_and_chunking_changes_nothing_but_memory(engine_pa
     prompts = [tok("1 2>3=")["input_ids"], tok("12 7 3>81=")["input_ids"]]
     sampling = SamplingConfig(max_new_tokens=5)
     torch.manual_seed(0)
-    whole = HFEngine(model, tok.pad_token_id, tok.eos_token_id).generate(prompts, 3, sampling)
-    chunked = HFEngine(model, tok.pad_token_id, tok.eos_token_id, max_batch_size=2).generate(prompts, 3, sampling)
+    whole = HFEngine.bound(model, tok).generate(prompts, 3, sampling)
+    chunked = HFEngine.bound(model, tok, max_batch_size=2).generate(prompts, 3, sampling)
     assert whole.completion_ids.shape[0] == chunked.completion_ids.shape[0] == 6
     assert len(whole.finish_reasons) == 6 and whole.logprobs is None  # log-probs are opt-in
 
 
 def test_logprobs_when_asked_are_those_of_the_tempered_distribution(engine_parts):
     model, tok = engine_parts
-    engine = HFEngine(model, tok.pad_token_id, tok.eos_token_id, return_logprobs=True)
+    engine = HFEngine.bound(model, tok, return_logprobs=True)
     out = engine.generate([tok("1 2>3=")["input_ids"]], 2, SamplingConfig(max_new_tokens=4, temperature=0.5))
     assert out.logprobs.shape == out.completion_ids.shape
     assert (out.logprobs[out.completion_mask.bool()] <= 0).all()

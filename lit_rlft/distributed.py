@@ -1,0 +1,210 @@
+"""What the ranks of a data-parallel run share, and how: one small interface over ``torch.distributed``.
+
+lit_rlft keeps every decision global. Each step has one plan of ``B`` prompts (the same on every rank), rank ``r``
+rolls out the ``r``-th slice of it, and the outcome of every group rolled out (all ranks, all rounds) is gathered,
+so every selection callback observes the whole global batch and holds the same state on every rank. The calls that
+need the other ranks go through a :class:`Collective`:
+
+- :class:`LocalCollective` for one process: every call is a no-op (no cost for single-process runs);
+- :class:`TorchCollective` over the default ``torch.distributed`` process group, which both Lightning's strategies
+  and Fabric initialise (gloo on CPU, NCCL on GPU).
+
+Every rank must make the same collective calls in the same order: the step is written so that it does (equal slices,
+global decisions), and :meth:`Collective.gather_checked` turns a failure on one rank (a reward function that raises,
+an engine error) into the same error on every rank, naming the rank, instead of a hang.
+
+Lightning-free: usable from the Trainer glue, the Fabric loop or a plain ``torchrun`` script.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["Collective", "LocalCollective", "RankFailure", "TorchCollective", "get_collective", "shard_slice",
+           "padded_shard"]
+
+
+class RankFailure(RuntimeError):
+    """A step failed on one or more ranks; raised on every rank so that none waits forever for the others."""
+
+
+class Collective:
+    """The collective calls the GRPO step needs. Subclasses implement :meth:`all_gather` and :meth:`broadcast`."""
+
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """``[obj of rank 0, obj of rank 1, ...]`` on every rank (any picklable object)."""
+        raise NotImplementedError
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Rank ``src``'s ``obj`` on every rank."""
+        raise NotImplementedError
+
+    def barrier(self) -> None:
+        """Wait until every rank arrives."""
+
+    # -- derived calls ------------------------------------------------------------------------------------------
+    def sum(self, values: dict[str, float]) -> dict[str, float]:
+        """Key-wise sum over ranks of a dict of numbers (the same keys on every rank)."""
+        if not self.is_distributed:
+            return dict(values)
+        parts = self.all_gather(values)
+        return {k: float(sum(p[k] for p in parts)) for k in values}
+
+    def reduce_metrics(self, values: dict[str, float]) -> dict[str, float]:
+        """Combine per-rank metrics: keys ending in ``/min`` take the minimum, ``/max`` the maximum, others the mean.
+
+        Keys present on some ranks only are combined over the ranks that have them.
+        """
+        if not self.is_distributed:
+            return dict(values)
+        parts = self.all_gather(values)
+        out: dict[str, float] = {}
+        for key in sorted({k for p in parts for k in p}):
+            vals = [p[key] for p in parts if key in p]
+            if key.endswith("/min"):
+                out[key] = float(min(vals))
+            elif key.endswith("/max"):
+                out[key] = float(max(vals))
+            else:
+                out[key] = float(np.mean(vals))
+        return out
+
+    def gather_checked(self, payload: Any, error: BaseException | None, what: str) -> list[Any]:
+        """All-gather ``payload``; if any rank passes an ``error``, raise :class:`RankFailure` on every rank.
+
+        Run the work that may fail inside ``try``, then call this on every rank whatever happened::
+
+            try:
+                payload, error = work(), None
+            except Exception as exc:
+                payload, error = None, exc
+            parts = collective.gather_checked(payload, error, "generating and scoring rollouts")
+
+        The message names the failed ranks and their errors; on a failed rank the original exception is chained.
+        """
+        detail = None
+        if error is not None:
+            detail = f"{type(error).__name__}: {error}"
+            if not self.is_distributed:
+                raise error
+        parts = self.all_gather((detail, None if error is not None else payload))
+        failed = [(r, d) for r, (d, _) in enumerate(parts) if d is not None]
+        if failed:
+            lines = "; ".join(f"rank {r}: {d}" for r, d in failed)
+            message = f"{what} failed on rank {', '.join(str(r) for r, _ in failed)} of {self.world_size} ({lines})"
+            if error is not None:
+                message += "\n" + "".join(traceback.format_exception(error)).rstrip()
+                raise RankFailure(message) from error
+            raise RankFailure(message)
+        return [p for _, p in parts]
+
+    def check_same(self, value: np.ndarray, what: str) -> tuple[np.ndarray, int]:
+        """Rank 0's ``value`` on every rank, and how many ranks held something else (0 when all agree)."""
+        if not self.is_distributed:
+            return value, 0
+        parts = self.all_gather(np.asarray(value))
+        mismatches = sum(not np.array_equal(parts[0], p) for p in parts[1:])
+        return parts[0], mismatches
+
+
+class LocalCollective(Collective):
+    """One process: gathers return ``[obj]``, broadcasts return ``obj``."""
+
+    rank = 0
+    world_size = 1
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        return obj
+
+
+class TorchCollective(Collective):
+    """The default ``torch.distributed`` process group (initialised by Lightning or Fabric)."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("TorchCollective needs an initialised torch.distributed process group")
+        self._dist = dist
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.world_size
+        self._dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        box = [obj]
+        self._dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    def barrier(self) -> None:
+        self._dist.barrier()
+
+
+def get_collective() -> Collective:
+    """:class:`TorchCollective` when a process group with more than one rank is initialised, else local."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return TorchCollective()
+    return LocalCollective()
+
+
+def shard_slice(n: int, rank: int, world_size: int, what: str = "batch") -> slice:
+    """The rows ``[rank * n / W, (rank + 1) * n / W)`` of ``n`` global rows; ``n`` must divide by ``W``."""
+    if n % world_size:
+        raise ValueError(f"the global {what} of {n} does not divide by the {world_size} ranks: every rank must "
+                         "train on the same number of groups")
+    k = n // world_size
+    return slice(rank * k, (rank + 1) * k)
+
+
+def padded_shard(ids: np.ndarray, rank: int, world_size: int) -> tuple[np.ndarray, int]:
+    """Rank ``rank``'s contiguous share of ``ids`` ``[n]``, padded to ``ceil(n / W)`` by repeating its last id.
+
+    For work whose per-rank size must be equal (sharded generation, embedding) but whose global size need not
+    divide by ``W`` (reference sets, validation). Returns ``(ids [ceil(n / W)], valid)``: only the first ``valid``
+    rows are real; concatenating every rank's first ``valid`` rows gives ``ids`` back in order.
+    """
+    ids = np.asarray(ids)
+    n = ids.shape[0]
+    per = -(-n // world_size) if n else 0
+    start = min(rank * per, n)
+    local = ids[start : start + per]
+    valid = local.shape[0]
+    if valid < per:
+        filler = local[-1:] if valid else ids[:1]
+        local = np.concatenate([local, np.repeat(filler, per - valid, axis=0)]) if filler.size else local
+    return local, valid
+
+
+def seed_salt(rank: int) -> int:
+    """What a rank adds to a generation seed (0 on rank 0, so one-process runs keep their seeds)."""
+    return int(rank) * 7_919
+
+
+def to_cpu(obj: Any) -> Any:
+    """Tensors in a nested structure moved to the CPU (before pickling them for a gather)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_cpu(v) for v in obj)
+    return obj

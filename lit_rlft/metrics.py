@@ -1,0 +1,117 @@
+"""Metrics that must be right on any number of ranks.
+
+- :class:`ValidationMetrics`: held-out mean@k, pass@k and reward, overall and per difficulty, as torchmetrics
+  ``MeanMetric`` states that each rank updates with its own share of the validation prompts and that are summed
+  across ranks when computed (the padding rows of an uneven split are never counted).
+- :func:`rollout_metrics`: the TRL-named statistics of a training batch, from the gathered record (rewards, success)
+  and this rank's rollouts (lengths, reduced across ranks).
+
+Notation: ``b`` prompts on this rank, ``k`` samples per prompt, ``G`` completions per group.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torchmetrics import MeanMetric
+
+from lit_rlft.core.types import OutcomeRecord, Rollouts
+from lit_rlft.distributed import Collective
+from lit_rlft.selection.base import effective_ratio
+from lit_rlft.selection.dynamic import keep_mask
+
+
+class ValidationMetrics(nn.Module):
+    """Mean@k accuracy, pass@k and mean reward of validation prompts, overall and per difficulty bucket.
+
+    Every rank calls :meth:`update` with its own prompts; :meth:`compute` syncs the states across ranks (torchmetrics
+    sums the weighted totals), so the result is the mean over all prompts whatever the number of ranks.
+
+    Args:
+        k: samples per prompt (``eval_num_generations``), for the ``pass@k`` name.
+        buckets: the difficulty values of the validation pool (the same list on every rank: a metric is synced by
+            position, so every rank must hold the same metrics).
+    """
+
+    def __init__(self, k: int, buckets: list[Any]):
+        super().__init__()
+        self.k = k
+        self.buckets = list(buckets)
+        names = ["accuracy", f"pass@{k}", "reward"] + [f"accuracy/difficulty_{b}" for b in self.buckets]
+        self.names = names
+        self.means = nn.ModuleList([MeanMetric(nan_strategy="error").set_dtype(torch.float64) for _ in names])
+        self.counts = torch.zeros(len(names), dtype=torch.long)  # local prompts per metric (for val/n/...)
+
+    def update(self, correct: Tensor, rewards: Tensor, difficulty: list[Any] | None = None) -> None:
+        """Add ``b`` prompts: ``correct`` ``[b, k]`` bool, ``rewards`` ``[b, k]``, ``difficulty`` ``[b]`` (or None)."""
+        if correct.shape[0] == 0:
+            return
+        acc = correct.float().mean(dim=1)  # [b] mean@k
+        values = [acc, correct.any(dim=1).float(), rewards.float().mean(dim=1)]
+        for i, v in enumerate(values):
+            self._add(i, v)
+        if difficulty is not None:
+            for j, bucket in enumerate(self.buckets):
+                mask = torch.tensor([d == bucket for d in difficulty], dtype=torch.bool)
+                if mask.any():
+                    self._add(3 + j, acc[mask])
+
+    def _add(self, i: int, values: Tensor) -> None:
+        metric = self.means[i]
+        metric.update(values.to(metric.device))
+        self.counts[i] += values.numel()
+
+    def compute(self) -> dict[str, float]:
+        """``{name: mean}`` over all ranks' prompts, plus ``n/accuracy...`` counts; names nobody updated are left out."""
+        counts = self._global_counts()
+        out: dict[str, float] = {}
+        for name, metric, n in zip(self.names, self.means, counts):
+            if n == 0:
+                continue
+            out[name] = float(metric.compute())
+            if name.startswith("accuracy"):
+                out[f"n/{name}"] = float(n)
+        return out
+
+    def _global_counts(self) -> list[int]:
+        import torch.distributed as dist
+
+        counts = self.counts.clone()
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            device = self.means[0].device
+            counts = counts.to(device)
+            dist.all_reduce(counts)  # every rank calls compute at the same point
+        return [int(c) for c in counts.cpu()]
+
+    def reset(self) -> None:
+        for metric in self.means:
+            metric.reset()
+        self.counts.zero_()
+
+
+def rollout_metrics(rollouts: Rollouts, trained: OutcomeRecord, collective: Collective) -> dict[str, float]:
+    """TRL-named statistics of the batch trained on: rewards from the global ``trained`` record, completion lengths
+    from every rank's ``rollouts`` (this rank's, reduced across ranks)."""
+    r = trained.rewards  # [B_global, G]
+    lengths = rollouts.completion_mask.sum(dim=1).float()  # [N_local]
+    local = {"sum": float(lengths.sum()), "n": float(lengths.numel()), "min": float(lengths.min()),
+             "max": float(lengths.max()), "clipped": float(rollouts.truncated.float().sum())}
+    parts = collective.all_gather(local)
+    n = sum(p["n"] for p in parts)
+    return {
+        "reward": float(r.mean()),
+        "reward_std": float(r.std(dim=1).mean()),
+        "accuracy": float(trained.correct.float().mean()),
+        # max == min rather than std == 0: the float std of equal rewards such as 0.1 need not be exactly 0
+        "frac_reward_zero_std": float(1.0 - keep_mask(r.numpy()).mean()),
+        "effective_ratio": effective_ratio(trained.success_rates.numpy()),
+        "completions/mean_length": float(sum(p["sum"] for p in parts) / max(n, 1.0)),
+        "completions/min_length": float(min(p["min"] for p in parts)),
+        "completions/max_length": float(max(p["max"] for p in parts)),
+        "completions/clipped_ratio": float(sum(p["clipped"] for p in parts) / max(n, 1.0)),
+        "batch/groups": float(trained.num_groups),
+        "batch/replayed_groups": float(trained.is_replay.sum()),
+    }
+
