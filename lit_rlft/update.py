@@ -195,3 +195,51 @@ class PolicyUpdater:
 def _sum_lists(parts: list[list[float]]) -> list[float]:
     return [float(sum(values)) for values in zip(*parts)]
 
+
+
+class TorchBackend:
+    """:class:`UpdateBackend` for a plain PyTorch loop on one process (no data parallelism).
+
+    Example::
+
+        backend = TorchBackend(policy, torch.optim.AdamW(policy.parameters(), lr=1e-6))
+        PolicyUpdater(GRPOLoss(), temperature=1.0).update(rollouts, advantages, backend)
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: object | None = None,
+                 device: torch.device | str | None = None):
+        self._model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self._device = torch.device(device) if device is not None else next(model.parameters()).device
+
+    @property
+    def model(self) -> nn.Module:
+        return self._model
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    def backward(self, loss: Tensor) -> None:
+        loss.backward()
+
+    def no_sync(self) -> AbstractContextManager:
+        return nullcontext()
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        params = [p for p in self._model.parameters() if p.grad is not None]
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
+
+    def optimizer_step(self) -> None:
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def learning_rate(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])

@@ -1,0 +1,56 @@
+"""Reward functions and probes for the multi-process tests (imported by dotted path in every rank)."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def coin_reward(completions: list[str], **columns: Any) -> list[float]:
+    """1 with probability 1/2 per completion, from torch's global generator (which GRPOModule re-seeds from
+    ``(generation_seed, step, rank)`` every step): groups are a mix of effective and degenerate ones, the same in a
+    resumed run as in the uninterrupted one."""
+    return (torch.rand(len(completions)) < 0.5).float().tolist()
+
+
+def rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def coin_reward_broken_on_rank_1(completions: list[str], **columns: Any) -> list[float]:
+    """:func:`coin_reward`, except that on rank 1 it returns no scores at all (a contract violation that the reward
+    runner turns into an error: the run must stop on every rank, naming rank 1)."""
+    return [] if rank() == 1 else coin_reward(completions, **columns)
+
+
+def digest(obj: Any) -> str:
+    """A canonical sha256 of nested dicts / lists / tensors / arrays / numbers (order-independent for dict keys)."""
+    h = hashlib.sha256()
+
+    def walk(x: Any) -> None:
+        if isinstance(x, dict):
+            for k in sorted(x, key=str):
+                h.update(f"k:{k};".encode())
+                walk(x[k])
+        elif isinstance(x, (list, tuple)):
+            h.update(f"l{len(x)};".encode())
+            for v in x:
+                walk(v)
+        elif isinstance(x, torch.Tensor):
+            t = x.full_tensor() if hasattr(x, "full_tensor") else x
+            h.update(f"t{t.dtype}{tuple(t.shape)};".encode())
+            if t.numel():
+                h.update(t.detach().cpu().clone().reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(x, np.ndarray):
+            h.update(f"a{x.dtype}{x.shape};".encode())
+            h.update(np.ascontiguousarray(x).tobytes())
+        else:
+            h.update(repr(x).encode())
+
+    walk(obj)
+    return h.hexdigest()[:16]

@@ -1,0 +1,163 @@
+"""One multi-process training run for the distributed tests; pytest starts it as a subprocess.
+
+    python tests/distributed/run_ranks.py --out DIR --devices 2 --launcher trainer --strategy ddp \
+        --callbacks dps,replay --steps 4
+
+Lightning (or Fabric) starts the other ranks by re-running this script. Every rank writes ``DIR/rank<r>.json``:
+per step, the prompts it trained on (fresh and replayed), the global batch, the plan for the next step and a digest
+of every callback's state; at the end a digest of the parameters. With ``--dump`` it also saves the first step's
+rollouts and gradients (``DIR/rank<r>.pt``) for the 1-rank-vs-2-ranks check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import lightning as L  # noqa: E402
+import torch  # noqa: E402
+
+from tests.distributed.helpers import digest  # noqa: E402
+
+TINY_SMALL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 1, "num_key_value_heads": 1,
+              "intermediate_size": 128, "head_dim": 64}
+
+
+class Probe(L.Callback):
+    """Last in the callback list: records what each step trained on and the state every callback ended it with."""
+
+    def __init__(self, out: Path, rank: int, dump: bool):
+        self.out, self.rank, self.dump = out, rank, dump
+        self.steps: list[dict] = []
+        self.grads: dict[str, torch.Tensor] | None = None
+        self.rollouts = None
+        self.before: dict[str, torch.Tensor] | None = None
+
+    def on_fit_start(self, trainer, pl_module):
+        if self.dump:
+            self.before = {n: p.detach().clone() for n, p in pl_module.policy.named_parameters()}
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if self.dump and self.grads is None:
+            self.grads = {n: p.grad.detach().clone() for n, p in pl_module.policy.named_parameters()
+                          if p.grad is not None}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        r, record = outputs["rollouts"], outputs["record"]
+        if self.dump and self.rollouts is None:
+            self.rollouts = r
+        scheduled = trainer.datamodule.plan.scheduled
+        self.steps.append({
+            "fresh": sorted(r.prompt_ids[~r.is_replay].tolist()),
+            "replayed": sorted(r.prompt_ids[r.is_replay].tolist()),
+            "global": sorted(record.trained_batch().prompt_ids.tolist()),
+            "observed": sorted(record.fresh().prompt_ids.tolist()),
+            "scheduled": None if scheduled is None else scheduled.tolist(),
+            "plan": digest(trainer.datamodule.state_dict()),
+            "callbacks": {type(cb).__name__: digest(cb.state_dict()) for cb in trainer.callbacks
+                          if type(cb).__name__ in SELECTION},
+            "budget": pl_module.budget.completions,
+        })
+
+    def finish(self, module) -> None:
+        params = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+                  for n, p in module.policy.named_parameters()}
+        result = {"steps": self.steps, "params": digest(params), "rollout_step": module.rollout_step,
+                  "budget": module.budget.state_dict(), "plan_mismatches": module.plan_mismatches}
+        (self.out / f"rank{self.rank}.json").write_text(json.dumps(result))
+        if self.dump:
+            torch.save({"rollouts": self.rollouts, "grads": self.grads, "before": self.before, "after": params},
+                       self.out / f"rank{self.rank}.pt")
+
+
+SELECTION = {"DPSCallback", "DOTSCallback", "ReplayCallback", "DynamicSamplingCallback", "HistoryResamplingCallback"}
+
+
+def make_callbacks(names: list[str], out: Path) -> list[L.Callback]:
+    from lit_rlft.callbacks import DOTSCallback, DPSCallback, DynamicSamplingCallback, ReplayCallback
+
+    made = {
+        "dps": lambda: DPSCallback(decay=0.5),
+        "replay": lambda: ReplayCallback(delta=0.5, capacity=16),
+        "dots": lambda: DOTSCallback(reference_size=6, update_every=2, online_steps_per_update=2,
+                                     cache_dir=str(out / "emb")),
+        "ds": lambda: DynamicSamplingCallback(max_rounds=3),
+    }
+    return [made[n]() for n in names if n]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--launcher", choices=["trainer", "fabric"], default="trainer")
+    p.add_argument("--strategy", choices=["ddp", "fsdp2"], default="ddp")
+    p.add_argument("--callbacks", default="")
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--lora", action="store_true")
+    p.add_argument("--reward", default="tests.distributed.helpers.coin_reward")
+    p.add_argument("--micro-batch-size", type=int, default=None)
+    p.add_argument("--ckpt-every", type=int, default=0)
+    p.add_argument("--resume", default=None)
+    p.add_argument("--dump", action="store_true")
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    from lit_rlft import GRPOModule, LoRAConfig, PromptDataModule, TinyConfig
+    from lit_rlft.data import CountdownTask
+
+    L.seed_everything(0, verbose=False)
+    module = GRPOModule(
+        model="tiny", tiny=TinyConfig(**TINY_SMALL), reward_funcs=[a.reward], num_generations=4,
+        max_completion_length=8, learning_rate=1e-3, micro_batch_size=a.micro_batch_size,
+        lora=LoRAConfig(r=4, alpha=8) if a.lora else None,
+    )
+    dm = PromptDataModule(train=CountdownTask(size=48, split="train", seed=0), answer_field=None,
+                          batch_size=a.batch_size)
+    callbacks = make_callbacks(a.callbacks.split(","), out)
+    if a.launcher == "fabric":
+        from lit_rlft.fabric import FabricLoop
+
+        fabric = L.Fabric(accelerator="cpu", devices=a.devices, strategy="ddp" if a.devices > 1 else "auto")
+        fabric.launch()
+        probe = Probe(out, fabric.global_rank, a.dump)
+        loop = FabricLoop(fabric, max_steps=a.steps, callbacks=[*callbacks, probe])
+        loop.fit(module, dm)
+        probe.finish(module)
+        return
+    if a.strategy == "fsdp2":
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        strategy = ModelParallelStrategy(data_parallel_size=a.devices, tensor_parallel_size=1,
+                                         process_group_backend="gloo")
+    else:
+        strategy = "ddp" if a.devices > 1 else "auto"
+    extra = []
+    if a.ckpt_every:
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        extra.append(ModelCheckpoint(dirpath=out / "ckpt", every_n_train_steps=a.ckpt_every, save_top_k=-1))
+    probe = Probe(out, 0, a.dump)
+    trainer = L.Trainer(
+        accelerator="cpu", devices=a.devices, strategy=strategy, max_steps=a.steps, logger=False,
+        enable_checkpointing=bool(a.ckpt_every), enable_progress_bar=False, enable_model_summary=False,
+        num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=str(out), callbacks=[*callbacks, probe, *extra],
+    )
+    probe.rank = trainer.global_rank
+    trainer.fit(module, datamodule=dm, ckpt_path=a.resume)
+    probe.finish(module)
+
+
+if __name__ == "__main__":
+    main()
