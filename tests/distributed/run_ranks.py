@@ -40,10 +40,11 @@ class Probe(L.Callback):
         self.grads: dict[str, torch.Tensor] | None = None
         self.rollouts = None
         self.before: dict[str, torch.Tensor] | None = None
+        self.after_first: dict[str, torch.Tensor] | None = None
 
     def on_fit_start(self, trainer, pl_module):
         if self.dump:
-            self.before = {n: p.detach().clone() for n, p in pl_module.policy.named_parameters()}
+            self.before = _full_params(pl_module.policy)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         if self.dump and self.grads is None:
@@ -53,7 +54,7 @@ class Probe(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         r, record = outputs["rollouts"], outputs["record"]
         if self.dump and self.rollouts is None:
-            self.rollouts = r
+            self.rollouts, self.after_first = r, _full_params(pl_module.policy)
         scheduled = trainer.datamodule.plan.scheduled
         self.steps.append({
             "fresh": sorted(r.prompt_ids[~r.is_replay].tolist()),
@@ -68,14 +69,20 @@ class Probe(L.Callback):
         })
 
     def finish(self, module) -> None:
-        params = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-                  for n, p in module.policy.named_parameters()}
+        params = _full_params(module.policy)
         result = {"steps": self.steps, "params": digest(params), "rollout_step": module.rollout_step,
                   "budget": module.budget.state_dict(), "plan_mismatches": module.plan_mismatches}
         (self.out / f"rank{self.rank}.json").write_text(json.dumps(result))
         if self.dump:
-            torch.save({"rollouts": self.rollouts, "grads": self.grads, "before": self.before, "after": params},
+            torch.save({"rollouts": self.rollouts, "grads": self.grads, "before": self.before,
+                        "after_first_step": self.after_first, "after": params},
                        self.out / f"rank{self.rank}.pt")
+
+
+def _full_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter, whole (an FSDP2 shard is gathered: every rank must call this)."""
+    return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+            for n, p in model.named_parameters()}
 
 
 SELECTION = {"DPSCallback", "DOTSCallback", "ReplayCallback", "DynamicSamplingCallback", "HistoryResamplingCallback"}

@@ -1,0 +1,185 @@
+"""Two processes on the CPU (gloo), started as subprocesses (in-process, Lightning would re-launch pytest as rank 1).
+
+What must hold on several ranks: every rank holds the same selection state, plan and parameters after every step;
+the ranks train on disjoint halves of each global batch; one step on 2 ranks computes the gradient of one step on
+1 rank over the same global batch; FSDP2 + LoRA trains, checkpoints and resumes exactly; a checkpoint resumes on
+another world size; a rank whose reward function fails stops the run on every rank, naming it, without a hang.
+Each run takes about 10 s (mostly imports in two processes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import REPO
+
+SCRIPT = REPO / "tests" / "distributed" / "run_ranks.py"
+pytestmark = pytest.mark.distributed
+
+
+def launch(out: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Run the script (which starts the other rank itself); kill the whole process group on a hang."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    env.pop("MASTER_PORT", None)
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--out", str(out), *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"the run hung (killed after {timeout} s):\n{output[-4000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, output, "")
+
+
+def run(out: Path, *args: str, ranks: int = 2) -> list[dict]:
+    result = launch(out, *args)
+    assert result.returncode == 0, result.stdout[-6000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
+
+
+RUNS = {
+    # DPS + replay under the Trainer, micro-batches of 3 (gradient sync on the last one only), the first step's
+    # rollouts and gradients dumped, a checkpoint at step 2
+    "trainer_dps_replay": ["--callbacks", "dps,replay", "--steps", "4", "--micro-batch-size", "3", "--dump",
+                           "--ckpt-every", "2"],
+    "trainer_dots": ["--callbacks", "dots", "--steps", "4"],
+    "fabric_dps_replay": ["--launcher", "fabric", "--callbacks", "dps,replay", "--steps", "4", "--micro-batch-size",
+                          "3"],
+    "fabric_dots": ["--launcher", "fabric", "--callbacks", "dots", "--steps", "4"],
+    "fsdp2_lora": ["--strategy", "fsdp2", "--lora", "--callbacks", "dps,replay", "--steps", "4", "--ckpt-every", "2",
+                   "--dump"],
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """``runs(name) -> (per-rank results, output folder)``: the 2-rank runs several tests read, each made once."""
+    root = tmp_path_factory.mktemp("ranks")
+    done: dict[str, list[dict]] = {}
+
+    def get(name: str) -> tuple[list[dict], Path]:
+        if name not in done:
+            done[name] = run(root / name, *RUNS[name])
+        return done[name], root / name
+
+    return get
+
+
+def _assert_ranks_agree_and_split_the_batch(ranks: list[dict], replay: bool) -> None:
+    r0, r1 = ranks
+    assert r0["params"] == r1["params"], "parameters differ between ranks"
+    assert r0["plan_mismatches"] == r1["plan_mismatches"] == 0
+    assert len(r0["steps"]) == len(r1["steps"]) == 4
+    for t, (a, b) in enumerate(zip(r0["steps"], r1["steps"])):
+        assert a["callbacks"] == b["callbacks"], f"step {t}: selection states differ between ranks"
+        assert a["plan"] == b["plan"] and a["scheduled"] == b["scheduled"], f"step {t}: plans differ"
+        assert a["global"] == b["global"] and a["budget"] == b["budget"]
+        local0, local1 = a["fresh"] + a["replayed"], b["fresh"] + b["replayed"]
+        assert len(local0) == len(local1) == 2, f"step {t}: ranks trained on {local0} and {local1}"
+        assert not set(local0) & set(local1), f"step {t}: both ranks trained on {set(local0) & set(local1)}"
+        assert sorted(local0 + local1) == a["global"]  # together: the whole global batch
+    for t in range(3):  # what was planned after step t is what the ranks rolled out fresh at step t + 1
+        fresh = sorted(r0["steps"][t + 1]["fresh"] + r1["steps"][t + 1]["fresh"])
+        assert fresh == sorted(r0["steps"][t]["scheduled"])
+    if replay:
+        assert any(s["replayed"] for s in r0["steps"]), "nothing was replayed: the buffer went unchecked"
+
+
+@pytest.mark.parametrize("name", ["trainer_dps_replay", "fabric_dps_replay", "trainer_dots", "fabric_dots"])
+def test_two_ranks_hold_identical_state_and_train_disjoint_halves(runs, name):
+    _assert_ranks_agree_and_split_the_batch(runs(name)[0], replay="replay" in name)
+
+
+def test_trainer_and_fabric_train_the_same(runs):
+    """Same seeds, same global batches: the Trainer and the Fabric loop end with the same parameters."""
+    assert runs("trainer_dps_replay")[0][0]["params"] == runs("fabric_dps_replay")[0][0]["params"]
+    assert runs("trainer_dots")[0][0]["params"] == runs("fabric_dots")[0][0]["params"]
+
+
+def test_two_ranks_compute_the_one_rank_gradient(runs):
+    """The first step on 2 ranks (each half of the global batch, micro-batches of 3, dapo token mean) gives the
+    gradient of 1 rank training on the whole global batch. Tolerance: 1e-6 relative (per tensor, after the DDP
+    all-reduce and clipping). Parameters after the AdamW step agree to 1e-6 relative wherever the gradient is above
+    1e-5: AdamW's first step moves a weight by lr * g / (|g| + eps), which multiplies a gradient's rounding by
+    lr * eps / (|g| + eps)^2 (6 for |g| = 1e-6: a few dozen of the 89k weights here)."""
+    from lit_rlft import GRPOModule, Rollouts, TinyConfig
+    from lit_rlft.core.advantages import group_advantages
+    from lit_rlft.optim import adamw_with_warmup
+    from lit_rlft.update import TorchBackend
+    from tests.distributed.run_ranks import TINY_SMALL
+
+    _, out = runs("trainer_dps_replay")
+    d0, d1 = (torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    tokens = [int(d["rollouts"].completion_mask.sum()) for d in (d0, d1)]
+    assert tokens[0] != tokens[1], "equal token counts: the test could not tell a local from a global token mean"
+    module = GRPOModule(model="tiny", tiny=TinyConfig(**TINY_SMALL), reward_funcs=["lit_rlft.rewards.countdown"],
+                        num_generations=4, max_completion_length=8, learning_rate=1e-3, micro_batch_size=3)
+    module.configure_model()
+    module.policy.load_state_dict(d0["before"], strict=False)  # the tied LM head is not a parameter of its own
+    batch = Rollouts.concat([d0["rollouts"], d1["rollouts"]])
+    opt = adamw_with_warmup(module.policy.parameters(), 1e-3, (0.9, 0.99), 0.0, 0, "constant", None)
+    grads: dict[str, torch.Tensor] = {}
+
+    class Capture(TorchBackend):
+        def optimizer_step(self) -> None:
+            grads.update({n: p.grad.clone() for n, p in module.policy.named_parameters()})
+            super().optimizer_step()
+
+    backend = Capture(module.policy, opt["optimizer"], opt["lr_scheduler"]["scheduler"])
+    module.updater.update(batch, group_advantages(batch.rewards, "group").reshape(-1), backend)
+    for name, g in grads.items():
+        assert torch.equal(d0["grads"][name], d1["grads"][name]), f"{name}: ranks hold different gradients"
+        rel = float((g - d0["grads"][name]).norm() / g.norm().clamp(min=1e-30))
+        assert rel <= 1e-6, f"{name}: 2-rank gradient differs from the 1-rank one by {rel:.2e} (relative)"
+    for name, p in module.policy.named_parameters():
+        mask = grads[name].abs() > 1e-5
+        diff = (p.detach() - d0["after_first_step"][name]).abs()[mask]
+        assert bool((diff <= 1e-6 * p.detach().abs()[mask].clamp(min=1e-3)).all()), name
+
+
+def test_fsdp2_with_lora_trains_checkpoints_and_resumes_exactly(runs, tmp_path):
+    ranks, out = runs("fsdp2_lora")
+    _assert_ranks_agree_and_split_the_batch(ranks, replay=True)
+    dumped = torch.load(out / "rank0.pt", weights_only=False)
+    moved = {n for n in dumped["after"] if not torch.equal(dumped["after"][n], dumped["before"][n])}
+    assert moved and all("lora_" in n for n in moved), f"trained: {sorted(moved)[:5]}..."
+    checkpoint = out / "ckpt" / "epoch=0-step=2.ckpt"
+    assert (checkpoint / "meta.pt").exists(), "no distributed checkpoint folder"
+    resumed = run(tmp_path / "resumed", "--strategy", "fsdp2", "--lora", "--callbacks", "dps,replay", "--steps", "4",
+                  "--resume", str(checkpoint))
+    for rank in (0, 1):
+        assert resumed[rank]["params"] == ranks[rank]["params"]
+        assert resumed[rank]["steps"] == ranks[rank]["steps"][2:]  # same batches, plans and selection states
+
+
+def test_a_two_rank_checkpoint_resumes_on_one_rank(runs, tmp_path):
+    """The checkpoint holds the global state (plan, DPS beliefs, replay buffer, budget): one rank continues with the
+    plan and replay draw that the two ranks would have used."""
+    two, out = runs("trainer_dps_replay")
+    checkpoint = out / "ckpt" / "epoch=0-step=2.ckpt"
+    (one,) = run(tmp_path / "one", "--devices", "1", "--callbacks", "dps,replay", "--steps", "4", "--resume",
+                 str(checkpoint), ranks=1)
+    first = one["steps"][0]
+    assert first["fresh"] == sorted(two[0]["steps"][1]["scheduled"])
+    assert first["global"] == two[0]["steps"][2]["global"]  # the same replayed groups: the buffer and its RNG
+    assert first["replayed"], "nothing replayed after the resume"
+    assert first["budget"] == two[0]["steps"][2]["budget"]
+
+
+def test_a_failing_reward_on_one_rank_stops_every_rank_naming_it(tmp_path):
+    result = launch(tmp_path, "--reward", "tests.distributed.helpers.coin_reward_broken_on_rank_1", "--steps", "3",
+                    timeout=120)
+    assert result.returncode != 0
+    message = "generating and scoring train rollouts failed on rank 1 of 2"
+    assert result.stdout.count(message) >= 2, result.stdout[-4000:]  # raised on both ranks
+    assert "returned 0 scores for 8 completions" in result.stdout
+    assert not (tmp_path / "rank0.json").exists()
