@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -24,17 +25,13 @@ _CLI_KWARGS = dict(save_config_kwargs={"overwrite": True}, auto_configure_optimi
 
 @contextmanager
 def _explicit_args(args: list[str] | None) -> Iterator[None]:
-    """While LightningCLI parses explicit ``args``, hide ``sys.argv[1:]`` (they were already dispatched on, e.g.
-    ``bench --out ...``): LightningCLI warns when it sees both."""
-    if args is None:
+    """Silence LightningCLI's warning about getting both explicit ``args`` and ``sys.argv`` (they are the same
+    command line, already dispatched on, e.g. ``sft --config ...``). ``sys.argv`` itself stays as it is: a
+    multi-process strategy starts the other ranks by re-running it."""
+    with warnings.catch_warnings():
+        if args is not None:
+            warnings.filterwarnings("ignore", message=r"LightningCLI.s args parameter is intended")
         yield
-        return
-    saved = sys.argv
-    sys.argv = saved[:1]
-    try:
-        yield
-    finally:
-        sys.argv = saved
 
 
 def grpo_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:

@@ -209,9 +209,13 @@ class GRPOModule(L.LightningModule):
 
         Idempotent: Lightning may call it again (e.g. ``validate`` after ``fit``).
         """
+        mesh = self._fsdp_mesh()
         if self.policy is not None:
+            if mesh is not None and not is_sharded(self.policy):
+                raise RuntimeError("GRPOModule: the policy was built before the Trainer's ModelParallelStrategy could "
+                                   "shard it (configure_model was called by hand): let trainer.fit build it")
             return
-        self.build_policy(mesh=self._fsdp_mesh())
+        self.build_policy(mesh=mesh)
 
     def build_policy(self, mesh: Any = None) -> None:
         """The model construction behind :meth:`configure_model` (also called by the Fabric loop).
@@ -232,9 +236,17 @@ class GRPOModule(L.LightningModule):
         self.engine.setup(policy, self.tokenizer, sharded=is_sharded(policy))
 
     def _fsdp_mesh(self) -> Any:
-        from lightning.pytorch.strategies import ModelParallelStrategy
+        from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 
         strategy = getattr(self._trainer, "strategy", None)
+        if isinstance(strategy, FSDPStrategy):
+            raise ValueError(
+                "trainer.strategy: FSDPStrategy (FSDP1) is not supported: GRPO calls the policy outside the "
+                "strategy's root module (generate, log-probs, reference and embedding passes), which FSDP1's flat "
+                "parameters do not allow. Shard with FSDP2 instead, on GPU as on CPU: strategy: {class_path: "
+                "lightning.pytorch.strategies.ModelParallelStrategy, init_args: {data_parallel_size: <devices x "
+                "nodes>, tensor_parallel_size: 1}} (see configs/parallel/)"
+            )
         if not isinstance(strategy, ModelParallelStrategy):
             return None
         mesh = strategy.device_mesh
@@ -476,7 +488,8 @@ class GRPOModule(L.LightningModule):
             if self._loop is not None:
                 self._loop.log_metrics(metrics)
             else:
-                super().log_dict(metrics, on_step=False, on_epoch=True, rank_zero_only=True)
+                # already synced (the same on every rank); sync_dist only keeps Lightning from warning
+                super().log_dict(metrics, on_step=False, on_epoch=True, sync_dist=True)
         self.last_eval = metrics
 
     # ------------------------------------------------------------------------------------------ checkpoints

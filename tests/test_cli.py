@@ -101,3 +101,12 @@ def test_sft_saves_a_checkpoint_that_grpo_loads(tmp_path, monkeypatch):
     grpo["model"].pop("tiny")
     cfg_path.write_text(yaml.safe_dump(grpo))
     main(["fit", "--config", str(cfg_path)])
+
+
+def test_the_engine_is_chosen_in_yaml(tmp_path):
+    from lit_rlft.cli import grpo_cli
+    from lit_rlft.rollout import HFEngine
+
+    cli = grpo_cli(["--config", str(_config(tmp_path)), "--model.engine", "lit_rlft.rollout.HFEngine",
+                    "--model.engine.max_batch_size", "3"], run=False)
+    assert isinstance(cli.model.engine, HFEngine) and cli.model.engine.max_batch_size == 3

@@ -43,3 +43,32 @@ def test_sft_config_parses(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["sft", "--config", str(CONFIGS / "sft_countdown_tiny.yaml"), "--print_config"])
     assert exc.value.code == 0
+
+
+@pytest.mark.parametrize("overlay", sorted((CONFIGS / "parallel").glob("*.yaml")), ids=lambda p: p.stem)
+def test_parallel_overlays_compose(overlay, capsys):
+    base = "math_qwen2.5-math-1.5b.yaml" if "2x8" in overlay.stem else "countdown_tiny.yaml"
+    cfg = _print_config(capsys, CONFIGS / base, overlay)
+    strategy = cfg["trainer"]["strategy"]
+    if overlay.stem == "ddp":
+        assert strategy == "ddp"
+    else:
+        assert strategy["class_path"].endswith("ModelParallelStrategy")
+        assert strategy["init_args"]["tensor_parallel_size"] == 1
+
+
+def test_the_two_node_recipe_composes_and_divides_by_the_ranks(capsys):
+    """The SLURM script's configs: FSDP2 over 16 ranks, LoRA, DPS + replay, float32 weights with bf16 compute."""
+    cfg = _print_config(capsys, CONFIGS / "math_qwen2.5-math-1.5b.yaml", CONFIGS / "parallel" / "fsdp2_2x8.yaml",
+                        CONFIGS / "lora.yaml", CONFIGS / "strategies" / "paper_dps_replay.yaml")
+    ranks = cfg["trainer"]["devices"] * cfg["trainer"]["num_nodes"]
+    assert ranks == cfg["trainer"]["strategy"]["init_args"]["data_parallel_size"] == 16
+    replay = next(c for c in cfg["trainer"]["callbacks"] if c["class_path"].endswith("ReplayCallback"))
+    batch = cfg["data"]["batch_size"]
+    fresh = -(-int(replay["init_args"]["delta"] * 1000) * batch // 1000)
+    assert batch % ranks == 0 and fresh % ranks == 0
+    assert cfg["model"]["lora"]["r"] == 64
+    assert (cfg["model"]["dtype"], cfg["trainer"]["precision"]) == ("float32", "bf16-mixed")
+    script = (REPO / "scripts" / "slurm_2x8_fsdp_lora_dps_replay.sh").read_text()
+    for part in ("fsdp2_2x8.yaml", "lora.yaml", "paper_dps_replay.yaml", "--ntasks-per-node=8", "--nodes=2"):
+        assert part in script

@@ -162,3 +162,28 @@ def test_full_finetune_with_kl_keeps_a_frozen_reference_copy(tmp_path):
     # The reference is rebuilt from the model path, not saved: no checkpoint carries a second copy of the weights.
     ckpt = torch.load(next(tmp_path.rglob("*.ckpt")), weights_only=True)
     assert ckpt["state_dict"] and not any(k.startswith("ref_model") for k in ckpt["state_dict"])
+
+
+def test_bfloat16_master_weights_are_warned_about(tmp_path):
+    """AdamW on bfloat16 weights loses GRPO-size updates: the module says so and names the fix."""
+    module = tiny_module(dtype="bfloat16")
+    with pytest.warns(UserWarning, match="bf16-mixed"):
+        tiny_trainer(tmp_path, max_steps=1).fit(module, datamodule=countdown_dm())
+
+
+def test_fsdp1_strategy_is_refused_with_the_fsdp2_alternative():
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    module = tiny_module()
+    module._trainer = SimpleNamespace(strategy=FSDPStrategy())
+    with pytest.raises(ValueError, match="ModelParallelStrategy"):
+        module.configure_model()
+
+
+def test_reference_model_keys_of_old_checkpoints_are_dropped():
+    module = tiny_module()
+    ckpt = {"state_dict": {"policy.x": torch.zeros(1), "ref_model.x": torch.zeros(1)}, "lit_rlft": {}}
+    module.on_load_checkpoint(ckpt)
+    assert list(ckpt["state_dict"]) == ["policy.x"]

@@ -71,7 +71,8 @@ class Probe(L.Callback):
     def finish(self, module) -> None:
         params = _full_params(module.policy)
         result = {"steps": self.steps, "params": digest(params), "rollout_step": module.rollout_step,
-                  "budget": module.budget.state_dict(), "plan_mismatches": module.plan_mismatches}
+                  "budget": module.budget.state_dict(), "plan_mismatches": module.plan_mismatches,
+                  "last_eval": module.last_eval}
         (self.out / f"rank{self.rank}.json").write_text(json.dumps(result))
         if self.dump:
             torch.save({"rollouts": self.rollouts, "grads": self.grads, "before": self.before,
@@ -116,6 +117,7 @@ def main() -> None:
     p.add_argument("--ckpt-every", type=int, default=0)
     p.add_argument("--resume", default=None)
     p.add_argument("--dump", action="store_true")
+    p.add_argument("--val", type=int, default=0, help="held-out prompts, evaluated every 2 steps (0: none)")
     a = p.parse_args()
     torch.set_num_threads(1)
     out = Path(a.out)
@@ -130,8 +132,9 @@ def main() -> None:
         max_completion_length=8, learning_rate=1e-3, micro_batch_size=a.micro_batch_size,
         lora=LoRAConfig(r=4, alpha=8) if a.lora else None,
     )
-    dm = PromptDataModule(train=CountdownTask(size=48, split="train", seed=0), answer_field=None,
-                          batch_size=a.batch_size)
+    val = CountdownTask(size=a.val, split="test", seed=1) if a.val else None
+    dm = PromptDataModule(train=CountdownTask(size=48, split="train", seed=0), val=val, answer_field=None,
+                          batch_size=a.batch_size, val_batch_size=4)
     callbacks = make_callbacks(a.callbacks.split(","), out)
     if a.launcher == "fabric":
         from lit_rlft.fabric import FabricLoop
@@ -139,7 +142,8 @@ def main() -> None:
         fabric = L.Fabric(accelerator="cpu", devices=a.devices, strategy="ddp" if a.devices > 1 else "auto")
         fabric.launch()
         probe = Probe(out, fabric.global_rank, a.dump)
-        loop = FabricLoop(fabric, max_steps=a.steps, callbacks=[*callbacks, probe])
+        loop = FabricLoop(fabric, max_steps=a.steps, callbacks=[*callbacks, probe],
+                          val_every_n_steps=2 if a.val else None)
         loop.fit(module, dm)
         probe.finish(module)
         return
@@ -159,7 +163,8 @@ def main() -> None:
     trainer = L.Trainer(
         accelerator="cpu", devices=a.devices, strategy=strategy, max_steps=a.steps, logger=False,
         enable_checkpointing=bool(a.ckpt_every), enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=str(out), callbacks=[*callbacks, probe, *extra],
+        num_sanity_val_steps=0, limit_val_batches=1.0 if a.val else 0, val_check_interval=2 if a.val else None,
+        check_val_every_n_epoch=None, default_root_dir=str(out), callbacks=[*callbacks, probe, *extra],
     )
     probe.rank = trainer.global_rank
     trainer.fit(module, datamodule=dm, ckpt_path=a.resume)

@@ -25,19 +25,23 @@ SCRIPT = REPO / "tests" / "distributed" / "run_ranks.py"
 pytestmark = pytest.mark.distributed
 
 
-def launch(out: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    """Run the script (which starts the other rank itself); kill the whole process group on a hang."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+def spawn(*cmd: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """``python *cmd`` from the repository (it starts the other rank itself); kill its process group on a hang."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("MASTER_PORT", None)
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--out", str(out), *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, *cmd], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
-        pytest.fail(f"the run hung (killed after {timeout} s):\n{output[-4000:]}")
+        pytest.fail(f"hung (killed after {timeout} s):\n{output[-4000:]}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, output, "")
+
+
+def launch(out: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return spawn(str(SCRIPT), "--out", str(out), *args, timeout=timeout)
 
 
 def run(out: Path, *args: str, ranks: int = 2) -> list[dict]:
@@ -51,10 +55,10 @@ RUNS = {
     # rollouts and gradients dumped, a checkpoint at step 2
     "trainer_dps_replay": ["--callbacks", "dps,replay", "--steps", "4", "--micro-batch-size", "3", "--dump",
                            "--ckpt-every", "2"],
-    "trainer_dots": ["--callbacks", "dots", "--steps", "4"],
+    "trainer_dots": ["--callbacks", "dots", "--steps", "4", "--val", "7"],
     "fabric_dps_replay": ["--launcher", "fabric", "--callbacks", "dps,replay", "--steps", "4", "--micro-batch-size",
                           "3"],
-    "fabric_dots": ["--launcher", "fabric", "--callbacks", "dots", "--steps", "4"],
+    "fabric_dots": ["--launcher", "fabric", "--callbacks", "dots", "--steps", "4", "--val", "7"],
     "fsdp2_lora": ["--strategy", "fsdp2", "--lora", "--callbacks", "dps,replay", "--steps", "4", "--ckpt-every", "2",
                    "--dump"],
 }
@@ -97,6 +101,18 @@ def _assert_ranks_agree_and_split_the_batch(ranks: list[dict], replay: bool) -> 
 @pytest.mark.parametrize("name", ["trainer_dps_replay", "fabric_dps_replay", "trainer_dots", "fabric_dots"])
 def test_two_ranks_hold_identical_state_and_train_disjoint_halves(runs, name):
     _assert_ranks_agree_and_split_the_batch(runs(name)[0], replay="replay" in name)
+
+
+@pytest.mark.parametrize("name", ["trainer_dots", "fabric_dots"])
+def test_validation_counts_every_prompt_once_on_two_ranks(runs, name):
+    """7 held-out prompts in global batches of 4 and 3: the ranks split each batch (2 + 2, then 2 + 1 padded to 2),
+    and the synced metrics count 7 prompts, the padding never; both ranks report the same values."""
+    r0, r1 = runs(name)[0]
+    assert r0["last_eval"] == r1["last_eval"]
+    assert r0["last_eval"]["val/n/accuracy"] == 7.0
+    n_by_difficulty = sum(v for k, v in r0["last_eval"].items() if k.startswith("val/n/accuracy/difficulty_"))
+    assert n_by_difficulty == 7.0
+    assert 0.0 <= r0["last_eval"]["val/accuracy"] <= 1.0
 
 
 def test_trainer_and_fabric_train_the_same(runs):
@@ -183,3 +199,37 @@ def test_a_failing_reward_on_one_rank_stops_every_rank_naming_it(tmp_path):
     assert result.stdout.count(message) >= 2, result.stdout[-4000:]  # raised on both ranks
     assert "returned 0 scores for 8 completions" in result.stdout
     assert not (tmp_path / "rank0.json").exists()
+
+
+def _command(*cmd: str) -> subprocess.CompletedProcess:
+    result = spawn(*cmd)
+    assert result.returncode == 0, result.stdout[-6000:]
+    return result
+
+
+def test_the_cli_trains_with_fsdp2_on_two_cpu_ranks_from_yaml(tmp_path):
+    """`lit-rlft fit --config ... --config configs/parallel/fsdp2_cpu.yaml`: LightningCLI starts rank 1, the run
+    trains and validates, and rank 0 logs the global batch."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tests.test_cli import _config
+
+    _command("-m", "lit_rlft.cli", "fit", "--config", str(_config(tmp_path)), "--config",
+             str(REPO / "configs" / "parallel" / "fsdp2_cpu.yaml"))
+    (events,) = list(tmp_path.glob("tb/version_0/events.out.tfevents.*"))
+    acc = EventAccumulator(str(events), size_guidance={"scalars": 0}).Reload()
+    assert [e.value for e in acc.Scalars("dist/world_size")] == [2.0] * 3
+    assert [e.value for e in acc.Scalars("batch/groups")] == [4.0] * 3  # the global batch, not rank 0's half
+    assert acc.Scalars("val/n/accuracy")[-1].value == 8.0
+
+
+def test_the_gpu_check_script_runs_its_path_on_the_cpu(tmp_path):
+    result = _command("scripts/gpu_check.py", "--accelerator", "cpu", "--hidden", "128", "--layers", "2",
+                      "--steps", "2", "--batch-size", "4", "--out", str(tmp_path))
+    assert result.stdout.count("PASS") == 4 and "FAIL" not in result.stdout, result.stdout[-3000:]
+
+
+def test_the_fabric_example_runs_on_two_ranks(tmp_path):
+    result = _command("examples/fabric_countdown.py", "--devices", "2", "--max-steps", "2", "--out",
+                      str(tmp_path))
+    assert "2 rollout steps" in result.stdout and (tmp_path / "last.ckpt").exists()
