@@ -25,7 +25,7 @@ test-all: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check lit_rlft tests benchmarks
+	$(BIN)/ruff check lit_rlft tests benchmarks scripts examples
 
 demo: $(STAMP)
 	$(BIN)/python -m lit_rlft.demo --out runs/demo

@@ -12,6 +12,7 @@ validation ids with repeats, counting some prompts twice.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Literal
 
 import lightning as L
@@ -27,6 +28,10 @@ from lit_rlft.data.tasks import Task
 from lit_rlft.data.templates import render_prompt
 
 Split = Literal["train", "val"]
+
+# Lightning warns about any IterableDataset with a length, in case loader workers duplicate its items; _StepTokens
+# splits its tokens between workers (get_worker_info), so the length is exact and the warning would only be noise.
+warnings.filterwarnings("ignore", message=r"Your `IterableDataset` has `__len__` defined", category=UserWarning)
 
 
 class _StepTokens(IterableDataset):

@@ -107,3 +107,15 @@ def test_dots_logs_an_out_of_sample_pearson_on_each_new_reference_set(tmp_path):
     cb = DOTSCallback(reference_size=8, update_every=1, online_steps_per_update=2, cache_dir=str(tmp_path / "c"))
     _, trainer = _fit(tmp_path, [cb], steps=3)
     assert -1.0 <= float(trainer.callback_metrics["dots/reference_pearson"]) <= 1.0
+
+
+def test_dynamic_sampling_shows_selection_every_group_it_paid_for(tmp_path):
+    """DPS stacked with dynamic sampling observes the discarded candidates too (their all-solved / all-wrong outcomes
+    were paid for), and the step's generation time covers every round."""
+    dps = DPSCallback()
+    module, trainer = _fit(tmp_path, [DynamicSamplingCallback(max_rounds=4), dps], steps=1, p=0.3)
+    m = trainer.callback_metrics
+    rolled_out = int(m["dynamic_sampling/rolled_out_groups"])
+    assert rolled_out > 4, "a single round: the test would not see the discarded groups"
+    assert int(dps.strategy.seen.sum()) == rolled_out
+    assert float(m["time/generation_s"]) == pytest.approx(module.budget.generation_s)
