@@ -139,7 +139,15 @@ def main() -> None:
     if a.launcher == "fabric":
         from lit_rlft.fabric import FabricLoop
 
-        fabric = L.Fabric(accelerator="cpu", devices=a.devices, strategy="ddp" if a.devices > 1 else "auto")
+        if a.strategy == "fsdp2":
+            from lightning.fabric.strategies import ModelParallelStrategy
+
+            from lit_rlft.fabric import fsdp2_parallelize
+
+            strategy = ModelParallelStrategy(fsdp2_parallelize, data_parallel_size=a.devices, tensor_parallel_size=1)
+        else:
+            strategy = "ddp" if a.devices > 1 else "auto"
+        fabric = L.Fabric(accelerator="cpu", devices=a.devices, strategy=strategy)
         fabric.launch()
         probe = Probe(out, fabric.global_rank, a.dump)
         loop = FabricLoop(fabric, max_steps=a.steps, callbacks=[*callbacks, probe],

@@ -61,6 +61,8 @@ RUNS = {
     "fabric_dots": ["--launcher", "fabric", "--callbacks", "dots", "--steps", "4", "--val", "7"],
     "fsdp2_lora": ["--strategy", "fsdp2", "--lora", "--callbacks", "dps,replay", "--steps", "4", "--ckpt-every", "2",
                    "--dump"],
+    "fabric_fsdp2_lora": ["--launcher", "fabric", "--strategy", "fsdp2", "--lora", "--callbacks", "dps,replay",
+                          "--steps", "4"],
 }
 
 
@@ -98,7 +100,8 @@ def _assert_ranks_agree_and_split_the_batch(ranks: list[dict], replay: bool) -> 
         assert any(s["replayed"] for s in r0["steps"]), "nothing was replayed: the buffer went unchecked"
 
 
-@pytest.mark.parametrize("name", ["trainer_dps_replay", "fabric_dps_replay", "trainer_dots", "fabric_dots"])
+@pytest.mark.parametrize("name", ["trainer_dps_replay", "fabric_dps_replay", "trainer_dots", "fabric_dots",
+                                  "fabric_fsdp2_lora"])
 def test_two_ranks_hold_identical_state_and_train_disjoint_halves(runs, name):
     _assert_ranks_agree_and_split_the_batch(runs(name)[0], replay="replay" in name)
 
@@ -119,6 +122,7 @@ def test_trainer_and_fabric_train_the_same(runs):
     """Same seeds, same global batches: the Trainer and the Fabric loop end with the same parameters."""
     assert runs("trainer_dps_replay")[0][0]["params"] == runs("fabric_dps_replay")[0][0]["params"]
     assert runs("trainer_dots")[0][0]["params"] == runs("fabric_dots")[0][0]["params"]
+    assert runs("fsdp2_lora")[0][0]["params"] == runs("fabric_fsdp2_lora")[0][0]["params"]
 
 
 def test_two_ranks_compute_the_one_rank_gradient(runs):
