@@ -23,8 +23,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import lightning as L
@@ -41,13 +40,14 @@ from lit_rlft.core.types import OutcomeRecord, Rollouts
 from lit_rlft.distributed import Collective, LocalCollective, get_collective, padded_shard, seed_salt, shard_slice
 from lit_rlft.metrics import ValidationMetrics, rollout_metrics
 from lit_rlft.models.loading import LoRAConfig, apply_lora, load_model, load_tokenizer_for
-from lit_rlft.models.sharding import fsdp_no_sync, fully_shard_policy, is_sharded, low_precision_warning
+from lit_rlft.models.sharding import fully_shard_policy, is_sharded, low_precision_warning
 from lit_rlft.models.tiny import TinyConfig
 from lit_rlft.optim import adamw_with_warmup
 from lit_rlft.rewards.runner import RewardRunner, resolve_reward
 from lit_rlft.rollout.base import RolloutEngine, SamplingConfig
 from lit_rlft.rollout.hf import HFEngine
 from lit_rlft.rollout.worker import RolloutWorker
+from lit_rlft.trainer_backend import TrainerBackend
 from lit_rlft.update import PolicyUpdater, sequence_logprobs
 
 RewardFunc = Callable[..., Sequence[float | None]]
@@ -416,7 +416,7 @@ class GRPOModule(L.LightningModule):
 
     # ------------------------------------------------------------------------------------------ training
     def training_step(self, batch: Any, batch_idx: int) -> dict[str, Any]:
-        return self.grpo_step(_TrainerBackend(self))
+        return self.grpo_step(TrainerBackend(self))
 
     def grpo_step(self, backend: Any) -> dict[str, Any]:
         """One rollout step with ``backend`` doing the optimisation (Trainer or Fabric); returns the step's outputs:
@@ -518,82 +518,6 @@ class GRPOModule(L.LightningModule):
             model = copy.deepcopy(model).merge_and_unload()
         model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
-
-
-class _TrainerBackend:
-    """How the updater optimises under Lightning's Trainer (manual optimisation)."""
-
-    def __init__(self, module: GRPOModule):
-        self.module = module
-        self.trainer = module.trainer
-        self.opt = module.optimizers()
-        self.sched = module.lr_schedulers()
-
-    @property
-    def model(self) -> nn.Module:
-        return self.module.policy
-
-    @property
-    def device(self) -> torch.device:
-        return self.module.device
-
-    @property
-    def world_size(self) -> int:
-        return self.module.collective.world_size
-
-    def backward(self, loss: Tensor) -> None:
-        self.module.manual_backward(loss)  # DDP: Lightning prepares the reducer; AMP: the scaler scales
-
-    def no_sync(self) -> AbstractContextManager:
-        return _no_sync(self.trainer.strategy, self.module.policy)
-
-    def clip_grad_norm(self, max_norm: float) -> float:
-        # Lightning's `clip_gradients` clips the *scaled* gradients under 16-mixed in manual optimisation (it
-        # unscales only inside optimizer.step) and returns no norm; clip the same parameters here, at the scaled
-        # threshold, which is exactly clipping the unscaled gradients at `max_norm`.
-        plugin = self.trainer.precision_plugin
-        scale = _grad_scale(plugin)
-        params = [p for p in plugin.main_params(self.opt.optimizer) if p.grad is not None]
-        return clip_grad_norm(params, max_norm * scale) / scale
-
-    def optimizer_step(self) -> None:
-        self.opt.step()
-        self.sched.step()
-
-    def zero_grad(self) -> None:
-        self.opt.zero_grad(set_to_none=True)
-
-    def learning_rate(self) -> float:
-        return float(self.sched.get_last_lr()[0])
-
-
-@contextmanager
-def _no_sync(strategy: Any, policy: nn.Module) -> Iterator[None]:
-    """Skip the gradient all-reduce / reduce-scatter of one backward (DDP's ``no_sync``, FSDP2's gradient sync)."""
-    if is_sharded(policy):
-        with fsdp_no_sync(policy):
-            yield
-    elif hasattr(strategy, "block_backward_sync"):
-        with strategy.block_backward_sync():
-            yield
-    else:
-        yield
-
-
-def _grad_scale(precision_plugin: Any) -> float:
-    scaler = getattr(precision_plugin, "scaler", None)
-    return float(scaler.get_scale()) if scaler is not None else 1.0
-
-
-def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
-    """``torch.nn.utils.clip_grad_norm_`` over ``params``; the global norm before clipping, also for FSDP2's sharded
-    (DTensor) gradients."""
-    if not params:
-        return 0.0
-    total = torch.nn.utils.clip_grad_norm_(params, max_norm)
-    if hasattr(total, "full_tensor"):
-        total = total.full_tensor()
-    return float(total)
 
 
 def _check_positive(**values: int) -> None:

@@ -187,3 +187,21 @@ def test_reference_model_keys_of_old_checkpoints_are_dropped():
     ckpt = {"state_dict": {"policy.x": torch.zeros(1), "ref_model.x": torch.zeros(1)}, "lit_rlft": {}}
     module.on_load_checkpoint(ckpt)
     assert list(ckpt["state_dict"]) == ["policy.x"]
+
+
+def test_16_mixed_clips_and_reports_the_unscaled_gradient_norm(tmp_path, monkeypatch):
+    """Under 16-mixed the gradients are multiplied by the GradScaler's scale (65536 at first) until optimizer.step;
+    the norm that is clipped and logged must be the real one, as in 32-true (up to float16 compute)."""
+    import lightning as L
+
+    norms = {}
+    for precision in ("32-true", "16-mixed"):
+        L.seed_everything(0, verbose=False)
+        module = tiny_module(max_grad_norm=1e9)
+        module.configure_model()
+        _force_learning_signal(monkeypatch, module)
+        trainer = tiny_trainer(tmp_path / precision, max_steps=1, precision=precision)
+        trainer.fit(module, datamodule=countdown_dm())
+        norms[precision] = float(trainer.callback_metrics["grad_norm"])
+    assert norms["32-true"] > 0
+    assert norms["16-mixed"] == pytest.approx(norms["32-true"], rel=0.05)
