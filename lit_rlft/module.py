@@ -35,16 +35,16 @@ from torch import Tensor, nn
 from lit_rlft.budget import RolloutBudget
 from lit_rlft.callbacks.base import RolloutHook
 from lit_rlft.core.advantages import ScaleRewards, group_advantages
-from lit_rlft.core.losses import GRPOLoss, LossType, OffPolicyForm
+from lit_rlft.core.losses import GRPOLoss, LossType, MismatchCorrection, OffPolicyForm
 from lit_rlft.core.types import OutcomeRecord, Rollouts
 from lit_rlft.distributed import Collective, LocalCollective, get_collective, padded_shard, seed_salt, shard_slice
 from lit_rlft.metrics import ValidationMetrics, rollout_metrics
 from lit_rlft.models.loading import LoRAConfig, apply_lora, load_model, load_tokenizer_for
-from lit_rlft.models.sharding import fully_shard_policy, is_sharded, low_precision_warning
+from lit_rlft.models.sharding import fully_shard_policy, hf_model, is_sharded, low_precision_warning
 from lit_rlft.models.tiny import TinyConfig
 from lit_rlft.optim import adamw_with_warmup
 from lit_rlft.rewards.runner import RewardRunner, resolve_reward
-from lit_rlft.rollout.base import RolloutEngine, SamplingConfig
+from lit_rlft.rollout.base import RolloutEngine, SamplingConfig, stop_token_ids
 from lit_rlft.rollout.hf import HFEngine
 from lit_rlft.rollout.worker import RolloutWorker
 from lit_rlft.trainer_backend import TrainerBackend
@@ -83,6 +83,10 @@ class GRPOModule(L.LightningModule):
         beta: KL coefficient (k3 estimator) against the reference policy; 0 loads no reference model.
         off_policy: replayed samples' loss: ``geppo`` (reference code) or ``paper`` (ratio to the behaviour policy).
         importance_cap: cap on pi_old / mu for replayed samples (``geppo``).
+        mismatch_correction: truncated importance sampling on pi_old / mu for fresh rows when the engine reports its
+            sampling log-probs mu (vLLM: other kernels and a copy of the weights): ``token_truncate`` (per token,
+            capped) or ``sequence_mask`` (per sequence, zeroed above the cap; TRL's default); ``null``: off.
+        mismatch_cap: the cap (TRL's ``vllm_importance_sampling_cap``, 3).
         num_iterations: passes over each rollout batch (TRL's ``num_iterations``, PPO epochs).
         num_mini_batches: optimizer steps per pass; each rank's sequences are shuffled and split.
         micro_batch_size: sequences per forward/backward (gradient accumulation inside a mini-batch, with gradient
@@ -124,6 +128,8 @@ class GRPOModule(L.LightningModule):
         beta: float = 0.0,
         off_policy: OffPolicyForm = "geppo",
         importance_cap: float | None = 10.0,
+        mismatch_correction: MismatchCorrection | None = "sequence_mask",
+        mismatch_cap: float = 3.0,
         num_iterations: int = 1,
         num_mini_batches: int = 1,
         micro_batch_size: int | None = None,
@@ -172,6 +178,7 @@ class GRPOModule(L.LightningModule):
         self.loss_fn = GRPOLoss(
             epsilon=epsilon, epsilon_high=epsilon_high, loss_type=loss_type, beta=beta,
             max_completion_length=max_completion_length, off_policy=off_policy, importance_cap=importance_cap,
+            mismatch_correction=mismatch_correction, mismatch_cap=mismatch_cap,
         )
         self.updater = PolicyUpdater(self.loss_fn, temperature, num_iterations, num_mini_batches, micro_batch_size,
                                      max_grad_norm)
@@ -185,6 +192,7 @@ class GRPOModule(L.LightningModule):
         self.lora = lora
         self.tokenizer = load_tokenizer_for(model)
         self.policy: nn.Module | None = None
+        self.stop_token_ids: list[int] = []  # ids that end a completion (set with the policy)
         self._frozen: dict[str, nn.Module | None] = {"ref": None}  # not a submodule: kept out of checkpoints
         self.worker: RolloutWorker | None = None
         self.budget = RolloutBudget()
@@ -196,6 +204,8 @@ class GRPOModule(L.LightningModule):
         self._collective: Collective = LocalCollective()
         self._loop: Any = None  # the Fabric loop driving this module, when there is no Trainer
         self._step_generation_s = 0.0
+        self._seed_key = (0, 0)  # (salt, engine calls since the last re-seed)
+        self._sync_s = 0.0
 
     # ------------------------------------------------------------------------------------------------ set-up
     @property
@@ -233,6 +243,7 @@ class GRPOModule(L.LightningModule):
                 fully_shard_policy(ref, mesh)
         self.policy = policy
         self._frozen["ref"] = ref
+        self.stop_token_ids = stop_token_ids(hf_model(policy), self.tokenizer)
         self.engine.setup(policy, self.tokenizer, sharded=is_sharded(policy))
 
     def _fsdp_mesh(self) -> Any:
@@ -291,12 +302,23 @@ class GRPOModule(L.LightningModule):
         self.policy.train()
         if self.ref_model is not None:
             self.ref_model.to(self.device)
+        self._bind_worker()
+        self.sync_engine()  # a resumed run restored other weights than the engine was built with
+
+    def on_validation_start(self) -> None:
+        self._bind_worker()
+        self.sync_engine()
+
+    def _bind_worker(self) -> None:
         if self.worker is None or self.worker.rewards is not self.rewards:
             self.worker = RolloutWorker(self.engine, self.rewards, self.tokenizer, self.hparams.success_threshold)
 
-    def on_validation_start(self) -> None:
-        if self.worker is None or self.worker.rewards is not self.rewards:
-            self.worker = RolloutWorker(self.engine, self.rewards, self.tokenizer, self.hparams.success_threshold)
+    def sync_engine(self) -> None:
+        """Make the engine sample from the current weights (a no-op for ``HFEngine``, which shares them; a weight
+        push for vLLM, timed as ``time/weight_sync_s``). Every rank calls it (FSDP2 gathers)."""
+        t0 = time.perf_counter()
+        self.engine.sync_weights(self.policy)
+        self._sync_s = time.perf_counter() - t0
 
     def configure_optimizers(self) -> Any:
         hp = self.hparams
@@ -338,7 +360,7 @@ class GRPOModule(L.LightningModule):
         payload = error = local = None
         try:
             local = self.worker.rollout(self.data, local_ids, num_generations or self.G, sampling or self.sampling,
-                                        self.rollout_step, split)
+                                        self.rollout_step, split, seed=self._engine_seed())
             after = getattr(self.rewards, "totals", {})
             cost = {"prompts": len(local_ids), "completions": local.completion_tokens.shape[0],
                     "tokens": int(local.completion_mask.sum()), "seconds": local.generation_s}
@@ -372,10 +394,22 @@ class GRPOModule(L.LightningModule):
         return record.success_rates.numpy()
 
     def _reseed(self, salt: int) -> None:
-        """Seed torch's generator from ``(generation_seed, rollout_step, salt, rank)`` (no-op without a seed)."""
+        """Seed torch's generator from ``(generation_seed, rollout_step, salt, rank)`` (no-op without a seed), and
+        restart the count of engine calls that :meth:`_engine_seed` derives seeds from."""
+        self._seed_key = (salt, 0)
         if self.hparams.generation_seed is not None:
             torch.manual_seed(self.hparams.generation_seed * 1_000_003 + self.rollout_step + salt * 1_000_000_007
                               + seed_salt(self.collective.rank))
+
+    def _engine_seed(self) -> int | None:
+        """The seed of the next engine call: a hash of ``(generation_seed, step, salt, rank, call)``, for engines
+        with their own random state (vLLM); the same in a resumed run (``None`` without a generation seed)."""
+        if self.hparams.generation_seed is None:
+            return None
+        salt, call = self._seed_key
+        self._seed_key = (salt, call + 1)
+        key = [self.hparams.generation_seed, self.rollout_step, salt, self.collective.rank, call]
+        return int(np.random.SeedSequence(key).generate_state(1)[0] % 2**31)
 
     def plan_batch(self) -> np.ndarray:
         """Step 1: the global prompt ids ``[B]`` of this step from the datamodule's plan, the same on every rank.
@@ -434,6 +468,7 @@ class GRPOModule(L.LightningModule):
                                       batch_rewards=batch_rewards)  # 5, [B_local, G]
         loss_metrics = self.updater.update(rollouts, advantages.reshape(-1), backend, self.collective,
                                            self.reference_logprobs)  # 6
+        self.sync_engine()  # vLLM samples the next batch (and DOTS' reference set, validation) from these weights
         self.rollout_step += 1
         metrics = rollout_metrics(rollouts, trained, self.collective)
         metrics.update(self.collective.reduce_metrics(loss_metrics))
@@ -443,6 +478,7 @@ class GRPOModule(L.LightningModule):
                         if v.numel() and not bool(torch.isnan(v).all())})
         metrics.update({f"rewards/{k}": float(v) for k, v in self.reward_totals.items()})
         metrics["time/generation_s"] = self._step_generation_s
+        metrics["time/weight_sync_s"] = self._sync_s
         metrics["time/step_s"] = time.perf_counter() - t_step
         metrics["time/generation_share"] = self._step_generation_s / max(metrics["time/step_s"], 1e-9)
         if self.collective.is_distributed:

@@ -175,19 +175,23 @@ class PolicyUpdater:
         logprobs, entropy = self.logprobs(backend, rollouts, rows, with_entropy=True)  # [n, L] each
         mask = rollouts.completion_mask[rows].to(device)  # [n, L]
         old_rows = logprobs.detach() if old is None else old[rows].to(device)  # [n, L]
-        behaviour = None
-        if bool(rollouts.is_replay.any()):
-            if rollouts.behaviour_logprobs is None:
-                raise RuntimeError("replayed groups need behaviour_logprobs (set by the replay callback)")
+        behaviour = replay_rows = None
+        engine = rollouts.engine_logprobs  # mu of fresh rows, when the engine reported it
+        if bool(rollouts.is_replay.any()) or engine is not None:
             replay_rows = rollouts.is_replay.repeat_interleave(rollouts.group_size)[rows].to(device)  # [n]
-            stored = rollouts.behaviour_logprobs[rows].to(device)  # [n, L]
-            behaviour = torch.where(replay_rows[:, None], stored, old_rows)
+            fresh_mu = engine[rows].to(device) if engine is not None else old_rows  # [n, L]
+            behaviour = fresh_mu
+            if bool(replay_rows.any()):
+                if rollouts.behaviour_logprobs is None:
+                    raise RuntimeError("replayed groups need behaviour_logprobs (set by the replay callback)")
+                behaviour = torch.where(replay_rows[:, None], rollouts.behaviour_logprobs[rows].to(device), fresh_mu)
         if rollouts.old_logprobs is None:
             rollouts.old_logprobs = torch.zeros(rollouts.completion_tokens.shape, dtype=torch.float32)
         rollouts.old_logprobs[rows] = old_rows.detach().float().cpu()
         ref = ref_logprobs(rollouts, rows) if ref_logprobs is not None else None
+        # Without engine log-probs, fresh rows carry mu = pi_old (a ratio of exactly 1): no replay mask is needed.
         out = self.loss_fn(logprobs, old_rows, advantages[rows].to(device), mask, ref_logprobs=ref,
-                           behaviour_logprobs=behaviour)
+                           behaviour_logprobs=behaviour, replay_mask=replay_rows if engine is not None else None)
         ent = (entropy.detach() * mask).sum() / mask.sum().clamp(min=1)
         return out, ent
 

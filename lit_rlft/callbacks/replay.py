@@ -114,7 +114,7 @@ class ReplayCallback(RolloutHook, L.Callback):
         prompts = torch.stack([pad_to(g.prompt_tokens, p_len, pad_id, left=True) for g in groups])
         p_mask = torch.stack([pad_to(torch.ones_like(g.prompt_tokens), p_len, 0, left=True) for g in groups])
         comps = [c for g in groups for c in g.completion_tokens]
-        eos = pl_module.tokenizer.eos_token_id
+        stop = set(pl_module.stop_token_ids)
         return Rollouts(
             prompt_ids=torch.tensor([g.prompt_id for g in groups], dtype=torch.long),
             prompt_tokens=prompts.repeat_interleave(G, dim=0),
@@ -125,7 +125,7 @@ class ReplayCallback(RolloutHook, L.Callback):
             correct=torch.stack([g.correct for g in groups]),
             birth_step=torch.tensor([g.step for g in groups], dtype=torch.long),
             is_replay=torch.ones(len(groups), dtype=torch.bool),
-            truncated=torch.tensor([c.numel() == 0 or int(c[-1]) != eos for c in comps]),
+            truncated=torch.tensor([c.numel() == 0 or int(c[-1]) not in stop for c in comps]),
             behaviour_logprobs=torch.stack([pad_to(lp.float(), c_len, 0.0) for g in groups
                                             for lp in g.behaviour_logprobs]),
             completions=pl_module.tokenizer.batch_decode([c.tolist() for c in comps], skip_special_tokens=True),
@@ -146,6 +146,8 @@ class ReplayCallback(RolloutHook, L.Callback):
     @staticmethod
     def _fresh_groups(rollouts: Rollouts) -> list[StoredGroup]:
         G = rollouts.group_size
+        # mu: the sampling engine's own log-probs when it reported them (vLLM), else pi_old (HF shares the weights)
+        mu = rollouts.engine_logprobs if rollouts.engine_logprobs is not None else rollouts.old_logprobs
         out = []
         for b in torch.nonzero(~rollouts.is_replay).flatten().tolist():
             rate = float(rollouts.success_rates[b])
@@ -157,7 +159,7 @@ class ReplayCallback(RolloutHook, L.Callback):
                 prompt_id=int(rollouts.prompt_ids[b]),
                 prompt_tokens=rollouts.prompt_tokens[b * G][rollouts.prompt_mask[b * G].bool()].clone(),
                 completion_tokens=[rollouts.completion_tokens[r, :n].clone() for r, n in zip(rows, lengths)],
-                behaviour_logprobs=[rollouts.old_logprobs[r, :n].clone() for r, n in zip(rows, lengths)],
+                behaviour_logprobs=[mu[r, :n].clone() for r, n in zip(rows, lengths)],
                 rewards=rollouts.rewards[b].clone(),
                 correct=rollouts.correct[b].clone(),
                 step=int(rollouts.birth_step[b]),

@@ -25,6 +25,11 @@ LossType = Literal["grpo", "dapo", "dr_grpo"]
 OffPolicyForm = Literal["geppo", "paper"]
 """Off-policy correction for replayed rollouts: ``"geppo"`` (the Rollout Replay reference code) or ``"paper"``."""
 
+MismatchCorrection = Literal["token_truncate", "sequence_mask"]
+"""Truncated importance sampling for the engine/trainer mismatch of fresh rollouts (TRL's names): ``pi_old / mu``
+per token capped (``token_truncate``), or per sequence, the sequence zeroed when its ratio exceeds the cap
+(``sequence_mask``)."""
+
 
 def k3_kl(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """Schulman's k3 estimator of ``KL(pi_theta || pi_ref)`` per token: ``exp(ref - logp) - (ref - logp) - 1``.
@@ -127,6 +132,11 @@ def _masked_mean(x: Tensor, valid: Tensor) -> Tensor:
     return (x.sum() / valid.sum().clamp(min=1)).detach()
 
 
+def _masked_log_ratio_sum(old: Tensor, mu: Tensor, valid: Tensor) -> Tensor:
+    """``[N, 1]`` ``sum over valid tokens of (log pi_old - log mu)``: a sequence's log importance ratio."""
+    return torch.where(valid, old - mu, torch.zeros((), dtype=old.dtype, device=old.device)).sum(-1, keepdim=True)
+
+
 @dataclass
 class GRPOLoss:
     """GRPO's clipped surrogate with optional k3 KL penalty and off-policy correction for replayed rollouts.
@@ -141,6 +151,12 @@ class GRPOLoss:
       For fresh samples ``mu == pi_old``, so ``w = 1`` and this is ordinary GRPO.
     * ``off_policy="paper"``: the clipped surrogate with ``rho = pi_theta / mu``; ``old_logprobs`` only feeds the
       staleness statistics. Fresh samples again give ordinary GRPO.
+    * fresh rows whose sampling engine reported its own log-probs ``mu`` (vLLM: another kernel, precision or weight
+      copy than the trainer's ``pi_old``) are weighted by ``mismatch_correction`` on ``pi_old / mu``:
+      ``token_truncate``: ``min(pi_old / mu, mismatch_cap)`` per token; ``sequence_mask``: the sequence's ratio
+      ``exp(sum(log pi_old - log mu))``, or 0 when it exceeds ``mismatch_cap`` (TRL's two defaults, cap 3). With
+      ``replay_mask`` given, replayed rows keep the off-policy form above (their stored mu already measures both
+      staleness and mismatch) and only fresh rows get this correction.
     * ``beta > 0`` adds ``beta * k3_kl(logp, ref)`` per token (not importance-weighted, as in TRL).
 
     The per-token losses are reduced over ``mask`` by the ``loss_type`` aggregation (:data:`AGGREGATIONS`).
@@ -170,6 +186,10 @@ class GRPOLoss:
     """Correction for replayed rollouts: ``"geppo"`` (reference code, default) or ``"paper"``."""
     importance_cap: float | None = 10.0
     """Upper bound on the GePPO importance weight ``pi_old / mu`` (truncated importance sampling); None: no cap."""
+    mismatch_correction: MismatchCorrection | None = "sequence_mask"
+    """Correction of fresh rows for the engine/trainer mismatch (when the engine reports log-probs); None: off."""
+    mismatch_cap: float = 3.0
+    """Cap of the mismatch ratio ``pi_old / mu`` (TRL's ``vllm_importance_sampling_cap``)."""
 
     def __post_init__(self) -> None:
         if self.epsilon <= 0:
@@ -192,6 +212,14 @@ class GRPOLoss:
             raise ValueError(f"`off_policy` must be one of {get_args(OffPolicyForm)}, got {self.off_policy!r}")
         if self.importance_cap is not None and self.importance_cap <= 0:
             raise ValueError(f"`importance_cap` must be > 0 or None, got {self.importance_cap!r}")
+        if self.mismatch_correction not in (*get_args(MismatchCorrection), None):
+            raise ValueError(f"`mismatch_correction` must be one of {get_args(MismatchCorrection)} or None, got "
+                             f"{self.mismatch_correction!r}")
+        if self.mismatch_cap <= 0:
+            raise ValueError(f"`mismatch_cap` must be > 0, got {self.mismatch_cap!r}")
+
+    def _mismatch_weight(self, old: Tensor, mu: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+        return _mismatch_weights(self.mismatch_correction, self.mismatch_cap, old, mu, valid)
 
     def __call__(
         self,
@@ -201,6 +229,7 @@ class GRPOLoss:
         mask: Tensor,
         ref_logprobs: Tensor | None = None,
         behaviour_logprobs: Tensor | None = None,
+        replay_mask: Tensor | None = None,
     ) -> LossOutput:
         """Compute the loss and its statistics.
 
@@ -212,6 +241,9 @@ class GRPOLoss:
             ref_logprobs: ``[N, L]`` log pi_ref; required iff ``beta > 0``; when given, ``kl`` is logged.
             behaviour_logprobs: ``[N, L]`` log mu stored at generation time; None means every sequence is fresh
                 (``mu == pi_old``).
+            replay_mask: ``[N]`` bool, the replayed rows; the others are fresh, their ``behaviour_logprobs`` the
+                engine's sampling log-probs (mismatch correction). None: every row with ``behaviour_logprobs`` is
+                treated as replayed.
 
         Returns:
             :class:`LossOutput` with the ``[]`` loss and detached ``[]`` metrics.
@@ -245,24 +277,38 @@ class GRPOLoss:
             per_token = -_clipped_surrogate(ratio, adv, low, high)  # [N, L]
         else:
             mu = clean(behaviour_logprobs.detach())  # [N, L]
+            replayed = (torch.ones(shape[0], dtype=torch.bool, device=valid.device) if replay_mask is None
+                        else replay_mask.to(valid.device).bool())  # [N]
             staleness = torch.exp(old - mu)  # [N, L] r_old = pi_old / mu, uncapped
+            ratio = torch.exp(logp - old)  # [N, L] pi_theta / pi_old
+            surrogate = _clipped_surrogate(ratio, adv, low, high)  # [N, L]
+            # replayed rows: the off-policy form
             if self.off_policy == "geppo":
-                ratio = torch.exp(logp - old)  # [N, L] pi_theta / pi_old
                 cap = float("inf") if self.importance_cap is None else self.importance_cap
-                weight = staleness.clamp(max=cap)  # [N, L] truncated importance weight, constant
-                per_token = -weight * _clipped_surrogate(ratio, adv, low, high)  # [N, L]
+                replay_loss = -staleness.clamp(max=cap) * surrogate  # [N, L]
                 capped = staleness > cap  # [N, L]
             else:  # "paper"
-                ratio = torch.exp(logp - mu)  # [N, L] pi_theta / mu
-                per_token = -_clipped_surrogate(ratio, adv, low, high)  # [N, L]
+                replay_ratio = torch.exp(logp - mu)  # [N, L] pi_theta / mu
+                replay_loss = -_clipped_surrogate(replay_ratio, adv, low, high)
                 capped = torch.zeros_like(valid)
-            prefix = "sampling/importance_sampling_ratio"
-            inf = torch.tensor(float("inf"), device=staleness.device)
-            any_valid = valid.any()
-            metrics[f"{prefix}/min"] = torch.where(any_valid, torch.where(valid, staleness, inf).amin(), 1.0).detach()
-            metrics[f"{prefix}/mean"] = _masked_mean(staleness, valid)
-            metrics[f"{prefix}/max"] = torch.where(any_valid, torch.where(valid, staleness, -inf).amax(), 1.0).detach()
-            metrics[f"{prefix}/capped_frac"] = _masked_mean(capped, valid)
+                ratio = torch.where(replayed[:, None], replay_ratio, ratio)
+            # fresh rows: the engine/trainer mismatch correction
+            weight, corrected = self._mismatch_weight(old, mu, valid)  # [N, L], [N, L] bool
+            per_token = torch.where(replayed[:, None], replay_loss, -weight * surrogate)  # [N, L]
+            rows = valid & replayed[:, None]  # replayed tokens
+            if bool(rows.any()):
+                prefix = "sampling/importance_sampling_ratio"
+                inf = torch.tensor(float("inf"), device=staleness.device)
+                metrics[f"{prefix}/min"] = torch.where(rows, staleness, inf).amin().detach()
+                metrics[f"{prefix}/mean"] = _masked_mean(staleness, rows)
+                metrics[f"{prefix}/max"] = torch.where(rows, staleness, -inf).amax().detach()
+                metrics[f"{prefix}/capped_frac"] = _masked_mean(capped, rows)
+            fresh = valid & ~replayed[:, None]  # fresh tokens
+            if bool(fresh.any()) and replay_mask is not None:
+                diff = (old - mu).abs()  # [N, L]
+                metrics["sampling/sampling_logp_difference/mean"] = _masked_mean(diff, fresh)
+                metrics["sampling/sampling_logp_difference/max"] = torch.where(fresh, diff, 0.0).amax().detach()
+                metrics["sampling/mismatch_corrected_frac"] = _masked_mean(corrected, fresh)
 
         if ref_logprobs is not None:
             kl = k3_kl(logp, clean(ref_logprobs.detach()))  # [N, L]
@@ -279,3 +325,17 @@ class GRPOLoss:
             metrics["clip_ratio/high_mean"] = _masked_mean(is_high, valid)
             metrics["clip_ratio/region_mean"] = _masked_mean(is_low | is_high, valid)
         return LossOutput(loss=loss, metrics=metrics)
+
+
+def _mismatch_weights(mode: MismatchCorrection | None, cap: float, old: Tensor, mu: Tensor,
+                      valid: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-token weights ``[N, L]`` of fresh rows for ``pi_old / mu``, and ``[N, L]`` bool: where the cap bit."""
+    if mode is None:
+        return torch.ones_like(old), torch.zeros_like(valid)
+    if mode == "token_truncate":
+        ratio = torch.exp(old - mu)  # [N, L]
+        return ratio.clamp(max=cap), (ratio > cap) & valid
+    ratio = torch.exp(_masked_log_ratio_sum(old, mu, valid))  # [N, 1] per sequence
+    masked = ratio > cap  # [N, 1]
+    weight = torch.where(masked, torch.zeros_like(ratio), ratio).expand_as(old)  # [N, L]
+    return weight, masked.expand_as(valid) & valid

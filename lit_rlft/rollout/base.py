@@ -65,9 +65,37 @@ class RolloutEngine:
         number of forward passes while generating."""
         raise NotImplementedError
 
-    def generate(self, prompts: list[list[int]], num_generations: int, sampling: SamplingConfig) -> GenerationOutput:
-        """Sample ``num_generations`` completions for each tokenised prompt (no padding in ``prompts``)."""
+    def generate(self, prompts: list[list[int]], num_generations: int, sampling: SamplingConfig,
+                 seed: int | None = None) -> GenerationOutput:
+        """Sample ``num_generations`` completions for each tokenised prompt (no padding in ``prompts``).
+
+        ``seed``: the call's seed, derived by the module from ``(generation_seed, step, rank, call)``; an engine with
+        its own random state (vLLM) seeds its requests from it, so a resumed run samples what the uninterrupted run
+        sampled. ``None``: unseeded. (``HFEngine`` draws from torch's generator, which the module re-seeds.)
+        """
         raise NotImplementedError
 
     def sync_weights(self, model: nn.Module) -> None:
-        """Make the engine sample from ``model``'s current weights (no-op for engines that share the model)."""
+        """Make the engine sample from ``model``'s current weights (no-op for engines that share the model).
+
+        Called after the last optimizer step of every rollout step (and when training or validation starts), on
+        every rank: under FSDP the full weights are gathered, which is a collective."""
+
+    @property
+    def returns_logprobs(self) -> bool:
+        """Whether :meth:`generate` fills ``GenerationOutput.logprobs`` (the behaviour policy's log-probs, mu)."""
+        return False
+
+
+def stop_token_ids(model: nn.Module | None, tokenizer: Any) -> list[int]:
+    """Every id that ends a completion: the tokenizer's EOS and the model's generation config's ``eos_token_id``
+    (an id or a list: chat models often stop on several, e.g. ``<|im_end|>`` and ``<|endoftext|>``)."""
+    ids: list[int] = []
+    for source in (getattr(tokenizer, "eos_token_id", None),
+                   getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+        for i in source if isinstance(source, (list, tuple)) else [source]:
+            if i is not None and int(i) not in ids:
+                ids.append(int(i))
+    if not ids:
+        raise ValueError("neither the tokenizer nor the model's generation config names an EOS token")
+    return ids

@@ -8,7 +8,8 @@ import torch
 from torch import Tensor, nn
 
 from lit_rlft.core.types import left_pad, pad_to
-from lit_rlft.rollout.base import FinishReason, GenerationOutput, RolloutEngine, SamplingConfig
+from lit_rlft.models.sharding import hf_model
+from lit_rlft.rollout.base import FinishReason, GenerationOutput, RolloutEngine, SamplingConfig, stop_token_ids
 
 
 class HFEngine(RolloutEngine):
@@ -33,7 +34,8 @@ class HFEngine(RolloutEngine):
         self.max_batch_size = max_batch_size
         self.return_logprobs = return_logprobs
         self.model: nn.Module | None = None
-        self.pad_token_id = self.eos_token_id = 0
+        self.pad_token_id = 0
+        self.eos_token_ids: list[int] = []
         self.synced = False
 
     @classmethod
@@ -44,17 +46,22 @@ class HFEngine(RolloutEngine):
         return engine
 
     def setup(self, model: nn.Module, tokenizer: Any, sharded: bool = False) -> None:
-        """Bind the policy and the tokenizer's pad and EOS ids (EOS ends a completion and is part of its loss)."""
+        """Bind the policy, the pad id and the stop ids (any of them ends a completion and is part of its loss)."""
         self.model = model
         self.pad_token_id = tokenizer.pad_token_id
-        self.eos_token_id = tokenizer.eos_token_id
+        self.eos_token_ids = stop_token_ids(hf_model(model), tokenizer)
         self.synced = sharded
+
+    @property
+    def returns_logprobs(self) -> bool:
+        return self.return_logprobs
 
     def sync_weights(self, model: nn.Module) -> None:
         self.model = model
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], num_generations: int, sampling: SamplingConfig) -> GenerationOutput:
+    def generate(self, prompts: list[list[int]], num_generations: int, sampling: SamplingConfig,
+                 seed: int | None = None) -> GenerationOutput:
         if self.model is None:
             raise RuntimeError("HFEngine.generate before setup(model, tokenizer)")
         rows = [p for p in prompts for _ in range(num_generations)]  # N prompts, grouped
@@ -87,7 +94,7 @@ class HFEngine(RolloutEngine):
                 typical_p=1.0,
                 no_repeat_ngram_size=0,
                 max_new_tokens=sampling.max_new_tokens,
-                eos_token_id=self.eos_token_id,
+                eos_token_id=self.eos_token_ids,
                 pad_token_id=self.pad_token_id,
                 output_scores=self.return_logprobs,
                 return_dict_in_generate=True,
@@ -97,7 +104,7 @@ class HFEngine(RolloutEngine):
         finally:
             self.model.train(was_training)
         completion = out.sequences[:, input_ids.shape[1]:].cpu()  # [n, L]
-        is_eos = completion == self.eos_token_id
+        is_eos = torch.isin(completion, torch.tensor(self.eos_token_ids))
         # Tokens after the first EOS are padding added by generate.
         after_eos = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
         mask = (~after_eos).long()

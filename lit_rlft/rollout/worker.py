@@ -58,13 +58,15 @@ class RolloutWorker:
         sampling: SamplingConfig,
         step: int,
         split: Split = "train",
+        seed: int | None = None,
     ) -> Rollouts:
-        """Roll out the prompts ``prompt_ids`` ``[B]`` of ``split`` and score every completion."""
+        """Roll out the prompts ``prompt_ids`` ``[B]`` of ``split`` and score every completion (``seed``: the engine
+        call's seed, see :meth:`RolloutEngine.generate`)."""
         G = num_generations
         ids = np.asarray(prompt_ids, dtype=np.int64)
         prompts = source.prompt_tokens(ids, split)
         t0 = time.perf_counter()
-        out = self.engine.generate(prompts, G, sampling)
+        out = self.engine.generate(prompts, G, sampling, seed=seed)
         seconds = time.perf_counter() - t0
         texts = self.tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
         columns = {k: [v for v in vals for _ in range(G)] for k, vals in source.reward_columns(ids, split).items()}

@@ -312,3 +312,53 @@ def test_invalid_call_arguments_are_named():
         GRPOLoss()(logp, old, adv[:2], mask)
     with pytest.raises(ValueError, match="behaviour_logprobs"):
         GRPOLoss()(logp, old, adv, mask, behaviour_logprobs=old[:, :2])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Engine/trainer mismatch correction of fresh rows (mu = the engine's sampling log-probs)
+#   3 fresh sequences of 2 tokens at pi_theta = pi_old (rho = 1, no clipping), A = [1, 1, -1], dapo (6 tokens):
+#   pi_old / mu per token: seq 0 [2, 0.5], seq 1 [4, 1], seq 2 [1, 1]
+#   token_truncate, cap 3: weights [2, 0.5], [3, 1], [1, 1]; per-token -w * rho * A:
+#       [-2, -0.5], [-3, -1], [1, 1] -> loss -4.5 / 6 = -0.75; 1 of 6 tokens capped
+#   sequence_mask, cap 3: sequence ratios 2 * 0.5 = 1, 4 * 1 = 4 (> 3: masked), 1;
+#       per-token [-1, -1], [0, 0], [1, 1] -> loss 0 / 6 = 0, grad of seq 1 = 0; 2 of 6 tokens masked
+# ---------------------------------------------------------------------------------------------------------------
+MM_OLD = _log([[0.4, 0.2], [0.4, 0.3], [0.5, 0.5]])
+MM_MU = _log([[0.2, 0.4], [0.1, 0.3], [0.5, 0.5]])
+MM_ADV = torch.tensor([1.0, 1.0, -1.0])
+FRESH = torch.tensor([False, False, False])
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected", "expected_grad", "corrected"),
+    [
+        ("token_truncate", -0.75, [[-2 / 6, -0.5 / 6], [-3 / 6, -1 / 6], [1 / 6, 1 / 6]], 1 / 6),
+        ("sequence_mask", 0.0, [[-1 / 6, -1 / 6], [0.0, 0.0], [1 / 6, 1 / 6]], 2 / 6),
+        (None, -2 / 6, [[-1 / 6, -1 / 6], [-1 / 6, -1 / 6], [1 / 6, 1 / 6]], 0.0),  # [-1, -1], [-1, -1], [1, 1]
+    ],
+)
+def test_mismatch_correction_of_fresh_rows_by_hand(mode, expected, expected_grad, corrected):
+    loss_fn = GRPOLoss(loss_type="dapo", mismatch_correction=mode, mismatch_cap=3.0)
+    out, grad = _run(loss_fn, MM_OLD, MM_OLD, MM_ADV, torch.ones(3, 2), behaviour_logprobs=MM_MU,
+                     replay_mask=FRESH)
+    torch.testing.assert_close(out.loss, torch.tensor(expected))
+    torch.testing.assert_close(grad, torch.tensor(expected_grad))
+    torch.testing.assert_close(out.metrics["sampling/mismatch_corrected_frac"], torch.tensor(corrected))
+    # |log pi_old - log mu|: log 2, log 2, log 4, 0, 0, 0 -> mean 4 log 2 / 6, max 2 log 2
+    torch.testing.assert_close(out.metrics["sampling/sampling_logp_difference/mean"],
+                               torch.tensor(4 * math.log(2) / 6))
+    torch.testing.assert_close(out.metrics["sampling/sampling_logp_difference/max"], torch.tensor(2 * math.log(2)))
+    assert f"{IS}/mean" not in out.metrics  # no replayed row
+
+
+def test_replayed_rows_keep_the_off_policy_weight_next_to_corrected_fresh_rows():
+    """Row 0 replayed (GePPO weight min(pi_old / mu, importance_cap 10) = 2 and 0.5), rows 1-2 fresh with
+    token_truncate: the replayed row is weighted as it would be alone, whatever the mismatch cap."""
+    loss_fn = GRPOLoss(loss_type="dapo", mismatch_correction="token_truncate", mismatch_cap=1.5)
+    replayed = torch.tensor([True, False, False])
+    out, grad = _run(loss_fn, MM_OLD, MM_OLD, MM_ADV, torch.ones(3, 2), behaviour_logprobs=MM_MU,
+                     replay_mask=replayed)
+    # row 0: [-2, -0.5] (importance cap 10 does not bite); row 1: [-1.5 (capped), -1]; row 2: [1, 1]
+    torch.testing.assert_close(grad, torch.tensor([[-2 / 6, -0.5 / 6], [-1.5 / 6, -1 / 6], [1 / 6, 1 / 6]]))
+    torch.testing.assert_close(out.metrics[f"{IS}/mean"], torch.tensor(1.25))  # replayed tokens only
+    torch.testing.assert_close(out.metrics["sampling/mismatch_corrected_frac"], torch.tensor(0.25))
