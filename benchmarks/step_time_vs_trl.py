@@ -2,6 +2,9 @@
 
     .venv/bin/python -m pip install "trl>=0.20"            # the bench extra (check torch stays 2.13.0+cpu)
     .venv/bin/python benchmarks/step_time_vs_trl.py --steps 12 --rounds 3 --threads 1
+    # a real model, and lit_rlft generating with vLLM (in .venv-vllm, with trl installed there):
+    .venv-vllm/bin/python benchmarks/step_time_vs_trl.py --model smollm2-135m-instruct --engine vllm \
+        --prompts 4 --generations 4 --max-new-tokens 64 --steps 5 --warmup 1 --rounds 2 --threads 2
 
 Goal: lit_rlft / TRL median step time <= 1.0.
 
@@ -65,8 +68,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scale-rewards", default="group", choices=["group", "batch", "none"])
     p.add_argument("--pool-size", type=int, default=1000, help="Countdown training prompts")
     p.add_argument("--order", default="lit,trl", help="order inside a round: lit,trl or trl,lit")
+    p.add_argument("--model", default="tiny", help="'tiny' (built locally), 'smollm2-135m-instruct' or a folder")
+    p.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="lit_rlft's rollout engine")
+    p.add_argument("--prompts", type=int, default=B, help="prompts per step")
+    p.add_argument("--generations", type=int, default=G, help="completions per prompt")
+    p.add_argument("--max-new-tokens", type=int, default=MAX_NEW)
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "step_time_vs_trl.json"))
     args = p.parse_args(argv)
+    global B, G, MAX_NEW  # the sizes every function below reads
+    B, G, MAX_NEW = args.prompts, args.generations, args.max_new_tokens
     if args.steps <= args.warmup:
         p.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
     args.order = [s.strip() for s in args.order.split(",")]
@@ -142,8 +152,14 @@ def run_lit(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[
             if i < len(plan) and list(outputs["rollouts"].prompts) != plan[i]["prompt"]:
                 self.prompts_ok = False
 
+    engine = None
+    if args.engine == "vllm":
+        from lit_rlft.rollout.vllm import VLLMEngine
+
+        engine = VLLMEngine(dtype="float32", max_model_len=512)
     module = GRPOModule(
         model=model_dir,
+        engine=engine,
         reward_funcs=["lit_rlft.rewards.countdown_reward"],
         num_generations=G,
         max_completion_length=MAX_NEW,
@@ -314,13 +330,16 @@ def main(argv: list[str] | None = None) -> int:
     import lightning
     import transformers
     import trl
-    from transformers import AutoTokenizer
 
+    from lit_rlft.models.loading import load_tokenizer_for, resolve_model_path
     from lit_rlft.models.tiny import TinyConfig, save_tiny_policy
 
     work = tempfile.mkdtemp(prefix="step_time_vs_trl_")
-    model_dir = str(save_tiny_policy(Path(work) / "tiny", TinyConfig()))
-    plan = planned_batches(args, AutoTokenizer.from_pretrained(model_dir))
+    if args.model == "tiny":
+        model_dir = str(save_tiny_policy(Path(work) / "tiny", TinyConfig()))
+    else:
+        model_dir = resolve_model_path(args.model)
+    plan = planned_batches(args, load_tokenizer_for(model_dir))
     n_params = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_pretrained(model_dir).parameters())
 
     rounds: list[dict[str, Any]] = []
@@ -397,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ratio lit_rlft / TRL (median step): {ratio:.3f}; per round: {', '.join(f'{x:.2f}' for x in round_ratios)}")
     print(f"same prompts on both sides, every step: {prompts_ok}; torch threads seen in steps: {threads}")
     print(f"mean completion length up to the first EOS: lit_rlft {lit_len:.1f}, TRL {trl_len:.1f} "
-          f"(generate runs all {MAX_NEW} steps on both: some row of the 128 always reaches the limit)")
+          f"(max {MAX_NEW} new tokens, {B * G} completions per step)")
 
     result = {
         "command": "python benchmarks/step_time_vs_trl.py " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -406,7 +425,9 @@ def main(argv: list[str] | None = None) -> int:
             "learning_rate": 1e-5, "beta": 0.0, "num_iterations": 1, "loss_type": args.loss_type,
             "scale_rewards": args.scale_rewards, "steps": args.steps, "warmup_discarded": args.warmup,
             "rounds": args.rounds, "order": args.order, "threads": args.threads, "pool_size": args.pool_size,
-            "model": f"tiny Qwen2 (lit_rlft.models.tiny.TinyConfig()), {n_params} parameters, float32",
+            "model": (f"tiny Qwen2 (lit_rlft.models.tiny.TinyConfig()), {n_params} parameters, float32"
+                      if args.model == "tiny" else f"{args.model}, {n_params} parameters, float32"),
+            "lit_rlft_engine": args.engine,
             "trl_optimizer": rounds[0]["trl"]["raw"]["optimizer"],
         },
         "environment": {

@@ -72,3 +72,13 @@ def test_the_two_node_recipe_composes_and_divides_by_the_ranks(capsys):
     script = (REPO / "scripts" / "slurm_2x8_fsdp_lora_dps_replay.sh").read_text()
     for part in ("fsdp2_2x8.yaml", "lora.yaml", "paper_dps_replay.yaml", "--ntasks-per-node=8", "--nodes=2"):
         assert part in script
+
+
+def test_the_smollm2_gsm8k_config_parses_with_and_without_vllm(capsys):
+    cfg = _print_config(capsys, CONFIGS / "gsm8k_smollm2_lora.yaml")
+    assert cfg["model"]["model"] == "smollm2-135m-instruct" and cfg["model"]["lora"]["r"] == 16
+    assert cfg["model"]["reward_funcs"] == ["lit_rlft.rewards.gsm8k_reward", "lit_rlft.rewards.gsm8k_format_reward"]
+    assert cfg["data"]["chat_template"] is True
+    for overlay in ("vllm_cpu.yaml", "vllm_gpu.yaml"):
+        cfg = _print_config(capsys, CONFIGS / "gsm8k_smollm2_lora.yaml", CONFIGS / "engines" / overlay)
+        assert cfg["model"]["engine"]["class_path"] == "lit_rlft.rollout.vllm.VLLMEngine"
