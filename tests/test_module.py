@@ -205,3 +205,19 @@ def test_16_mixed_clips_and_reports_the_unscaled_gradient_norm(tmp_path, monkeyp
         norms[precision] = float(trainer.callback_metrics["grad_norm"])
     assert norms["32-true"] > 0
     assert norms["16-mixed"] == pytest.approx(norms["32-true"], rel=0.05)
+
+
+def test_engine_seeds_differ_per_call_and_repeat_after_a_reseed():
+    """Engines with their own random state (vLLM) get a seed per call from (seed, step, salt, rank, call): the
+    calls of a step differ, and re-seeding the step (as a resumed run does) gives the same seeds again."""
+    module = tiny_module(generation_seed=3)
+    module._reseed(salt=0)
+    first = [module._engine_seed() for _ in range(3)]
+    module._reseed(salt=0)
+    assert [module._engine_seed() for _ in range(3)] == first and len(set(first)) == 3
+    module._reseed(salt=1)  # reference sets
+    assert module._engine_seed() not in first
+    module.rollout_step += 1
+    module._reseed(salt=0)
+    assert module._engine_seed() != first[0]
+    assert tiny_module(generation_seed=None)._engine_seed() is None

@@ -64,3 +64,24 @@ def test_logprobs_when_asked_are_those_of_the_tempered_distribution(engine_parts
 def test_sampling_config_names_the_option(kwargs, option):
     with pytest.raises(ValueError, match=option):
         SamplingConfig(**kwargs)
+
+
+def test_every_stop_id_of_the_generation_config_ends_a_completion(engine_parts):
+    """Chat models stop on several ids (e.g. <|im_end|> and <|endoftext|>): the engine takes the whole list."""
+    import copy
+
+    model, tok = engine_parts
+    model = copy.deepcopy(model)
+    digit = tok.convert_tokens_to_ids("7")
+    model.generation_config.eos_token_id = [tok.eos_token_id, digit]
+    engine = HFEngine.bound(model, tok)
+    assert engine.eos_token_ids == [tok.eos_token_id, digit]
+    torch.manual_seed(0)
+    out = engine.generate([tok("1 2>3=")["input_ids"]], 64, SamplingConfig(max_new_tokens=40, temperature=5.0))
+    ended_on_digit = 0
+    for row, mask, reason in zip(out.completion_ids, out.completion_mask, out.finish_reasons):
+        n = int(mask.sum())
+        stops = [i for i, t in enumerate(row[:n].tolist()) if t in (tok.eos_token_id, digit)]
+        assert stops == ([n - 1] if reason == "stop" else [])
+        ended_on_digit += reason == "stop" and int(row[n - 1]) == digit
+    assert ended_on_digit > 0
