@@ -8,6 +8,7 @@ the policy updater (``lit_rlft.update``). One training step (rollout step), as n
     rollouts, record = self.apply_rollout_hooks(...)        # 4. callbacks reshape (dynamic sampling, replay)
     advantages = group_advantages(...)                      # 5. group-relative advantages
     self.updater.update(rollouts, advantages, backend)      # 6. num_iterations x num_mini_batches optimizer steps
+    self.sync_engine()                                      #    vLLM: push the new weights (HF: nothing to do)
     # 7. on_train_batch_end: callbacks observe the gathered record and plan the next step
 
 Notation: ``B`` prompts (global), ``G = num_generations``, ``N = B * G``, ``W`` ranks, ``P`` prompt length, ``L``
