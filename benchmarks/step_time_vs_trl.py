@@ -75,8 +75,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=MAX_NEW)
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "step_time_vs_trl.json"))
     args = p.parse_args(argv)
-    global B, G, MAX_NEW  # the sizes every function below reads
-    B, G, MAX_NEW = args.prompts, args.generations, args.max_new_tokens
     if args.steps <= args.warmup:
         p.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
     args.order = [s.strip() for s in args.order.split(",")]
@@ -323,7 +321,9 @@ def summarise(run: dict[str, Any], warmup: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global B, G, MAX_NEW  # the sizes every function reads
     args = parse_args(argv)
+    B, G, MAX_NEW = args.prompts, args.generations, args.max_new_tokens
     quiet()
     torch.set_num_threads(args.threads)
 
