@@ -134,7 +134,11 @@ class VLLMEngine(RolloutEngine):
         else:
             kwargs.update(gpu_memory_utilization=self.gpu_memory_utilization, enable_sleep_mode=self.enable_sleep_mode)
         if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            kwargs["distributed_executor_backend"] = "external_launcher"  # one engine per rank (TRL's colocate mode)
+            # one engine per rank in the ranks' own process group (TRL's colocate mode); vLLM reads torchrun's env
+            kwargs["distributed_executor_backend"] = "external_launcher"
+            os.environ.setdefault("RANK", str(torch.distributed.get_rank()))
+            os.environ.setdefault("WORLD_SIZE", str(torch.distributed.get_world_size()))
+            os.environ.setdefault("LOCAL_RANK", str(rank))
         try:
             self.llm = vllm.LLM(**kwargs)
         finally:

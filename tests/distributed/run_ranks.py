@@ -118,6 +118,7 @@ def main() -> None:
     p.add_argument("--resume", default=None)
     p.add_argument("--dump", action="store_true")
     p.add_argument("--val", type=int, default=0, help="held-out prompts, evaluated every 2 steps (0: none)")
+    p.add_argument("--engine", choices=["hf", "vllm"], default="hf")
     a = p.parse_args()
     torch.set_num_threads(1)
     out = Path(a.out)
@@ -127,7 +128,13 @@ def main() -> None:
     from lit_rlft.data import CountdownTask
 
     L.seed_everything(0, verbose=False)
+    engine = None
+    if a.engine == "vllm":
+        from lit_rlft.rollout.vllm import VLLMEngine
+
+        engine = VLLMEngine(dtype="float32", max_model_len=64, kv_cache_memory_bytes=32 * 2**20)
     module = GRPOModule(
+        engine=engine,
         model="tiny", tiny=TinyConfig(**TINY_SMALL), reward_funcs=[a.reward], num_generations=4,
         max_completion_length=8, learning_rate=1e-3, micro_batch_size=a.micro_batch_size,
         lora=LoRAConfig(r=4, alpha=8) if a.lora else None,

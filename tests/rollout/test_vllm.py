@@ -202,3 +202,14 @@ def test_the_gpu_vllm_check_script_passes_on_its_cpu_path(tmp_path):
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     assert result.stdout.count("PASS") == 3
+
+
+@vllm_only
+@pytest.mark.vllm
+def test_two_ddp_ranks_each_with_a_colocated_engine_stay_in_step(tmp_path):
+    """Lightning DDP on 2 CPU processes, each rank with its own vLLM engine (external launcher), DPS + replay: the
+    ranks hold the same selection state and parameters and train on disjoint halves."""
+    from tests.distributed.test_multiprocess import _assert_ranks_agree_and_split_the_batch, run
+
+    ranks = run(tmp_path, "--engine", "vllm", "--callbacks", "dps,replay", "--steps", "4")
+    _assert_ranks_agree_and_split_the_batch(ranks, replay=True)
