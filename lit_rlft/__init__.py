@@ -13,7 +13,9 @@ from lit_rlft.callbacks import (
     DOTSCallback,
     DPSCallback,
     DynamicSamplingCallback,
+    GRESOCallback,
     HistoryResamplingCallback,
+    MoPPSCallback,
     ReplayCallback,
     RolloutBudgetStop,
     RolloutHook,
@@ -34,8 +36,8 @@ __version__ = "0.2.0"
 
 __all__ = [
     "ArithmeticTask", "BatchCompositionLogger", "BatchPlan", "CompletionLogger", "CountdownTask", "DOTSCallback",
-    "DPSCallback", "DifficultyPredictorConfig", "DynamicSamplingCallback", "FabricLoop", "GRPOLoss", "GRPOModule",
-    "HFEngine", "HistoryResamplingCallback", "LoRAConfig", "OutcomeRecord", "PolicyUpdater", "PromptDataModule",
+    "DPSCallback", "DifficultyPredictorConfig", "DynamicSamplingCallback", "FabricLoop", "GRESOCallback", "GRPOLoss",
+    "GRPOModule", "HFEngine", "HistoryResamplingCallback", "MoPPSCallback", "LoRAConfig", "OutcomeRecord", "PolicyUpdater", "PromptDataModule",
     "ReplayCallback", "RewardRunner", "RolloutBudgetStop", "RolloutEngine", "RolloutHook", "RolloutWorker",
     "Rollouts", "SamplingConfig", "SelectionCallback", "SuccessRateRecorder", "TinyConfig", "TorchBackend",
     "__version__", "fsdp2_parallelize",

@@ -12,12 +12,15 @@ from lit_rlft.callbacks.composition import BatchCompositionLogger
 from lit_rlft.callbacks.dots import DifficultyPredictorConfig, DOTSCallback
 from lit_rlft.callbacks.dps import DPSCallback
 from lit_rlft.callbacks.dynamic import DynamicSamplingCallback
+from lit_rlft.callbacks.greso import GRESOCallback
 from lit_rlft.callbacks.history import HistoryResamplingCallback
+from lit_rlft.callbacks.mopps import MoPPSCallback
 from lit_rlft.callbacks.recorder import SuccessRateRecorder
 from lit_rlft.callbacks.replay import ReplayCallback
 from lit_rlft.callbacks.selection import SelectionCallback
 
 __all__ = [
-    "BatchCompositionLogger", "CompletionLogger", "DOTSCallback", "DPSCallback", "DifficultyPredictorConfig", "DynamicSamplingCallback", "HistoryResamplingCallback", "ReplayCallback",
+    "BatchCompositionLogger", "CompletionLogger", "DOTSCallback", "DPSCallback", "DifficultyPredictorConfig",
+    "DynamicSamplingCallback", "GRESOCallback", "HistoryResamplingCallback", "MoPPSCallback", "ReplayCallback",
     "RolloutBudgetStop", "RolloutHook", "SelectionCallback", "SuccessRateRecorder",
 ]

@@ -135,3 +135,27 @@ def check_num_prompts(state: dict[str, Any], num_prompts: int, owner: str) -> No
             f"{owner} checkpoint was written for a pool of {int(found)} prompts, but this run's pool holds "
             f"{num_prompts}: resume with the same data set (and filters) or start the selection state afresh"
         )
+
+
+def top_k_random_ties(score: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Positions ``[k]`` of the ``k`` highest ``score`` ``[n]`` values, ties at the threshold drawn at random.
+
+    O(n): one ``np.partition`` finds the k-th best score; every entry strictly above it is taken (in descending
+    score order), and the rest is drawn without replacement from the entries exactly equal to it.
+    """
+    # partitioning the negated values at k-1 stays fast when most scores are tied (argpartition at n-k does not)
+    threshold = -np.partition(-score, k - 1)[k - 1]
+    above = np.flatnonzero(score > threshold)  # fewer than k
+    above = above[np.argsort(-score[above], kind="stable")]
+    ties = np.flatnonzero(score == threshold)  # at least k - len(above)
+    drawn = rng.choice(ties, size=k - above.size, replace=False)
+    return np.concatenate([above, drawn]).astype(np.int64, copy=False)
+
+
+def validate_candidate_ratio(candidate_ratio: int | None, option: str = "candidate_ratio") -> int | None:
+    """``None`` (rank the whole pool) or an integer >= 1."""
+    if candidate_ratio is None:
+        return None
+    if int(candidate_ratio) != candidate_ratio or candidate_ratio < 1:
+        raise ValueError(f"`{option}` must be an integer >= 1 or None (the whole pool), got {candidate_ratio!r}")
+    return int(candidate_ratio)

@@ -47,10 +47,13 @@ from lit_rlft.selection.base import (
     check_num_prompts,
     check_version,
     state_of,
+    top_k_random_ties,
     validate_batch_size,
+    validate_candidate_ratio,
     validate_num_prompts,
     validate_observation,
 )
+from lit_rlft.selection.uniform import CandidateStream
 
 PRIORS: dict[str, np.ndarray] = {
     "uniform": np.ones((3, 3)),
@@ -108,6 +111,11 @@ class DPSSelector:
             docstring), or a ``[3, 3]`` array of positive counts.
         entropy_bonus: ``w`` in ``score = mu_prior[partial] + w * entropy(mu_prior)`` (natural log); 0 = the paper.
             A positive ``w`` favours prompts whose state is uncertain (exploration).
+        candidate_ratio: as the reference code's loader: each step a candidate set of ``min(candidate_ratio * B,
+            S)`` prompts is drawn (a shuffled epoch of the pool, without replacement through the epoch) and the top-B
+            of those are selected; ``None`` ranks the whole pool. The paper's scripts: 8 on Countdown, 32 on MATH.
+            Beliefs of every prompt are propagated each step either way.
+        seed: seed of the candidate stream.
 
     Attributes (``S`` = ``num_prompts``):
         alpha: ``[S, 3, 3]`` float64 Dirichlet counts, ``alpha[q, j, i]`` for the transition ``i -> j``.
@@ -134,6 +142,8 @@ class DPSSelector:
         decay: float = 0.5,
         prior: str | np.ndarray = "uniform",
         entropy_bonus: float = 0.0,
+        candidate_ratio: int | None = None,
+        seed: int = 0,
     ) -> None:
         self.num_prompts = validate_num_prompts(num_prompts)
         if not np.isfinite(decay) or not 0.0 < decay <= 1.0:
@@ -152,6 +162,9 @@ class DPSSelector:
         self.last_state = np.full(S, -1, dtype=np.int8)  # [S]
         self.last_step: int | None = None
         self.num_updates = 0
+        self.candidate_ratio = validate_candidate_ratio(candidate_ratio)
+        self.candidates = CandidateStream(S, seed=seed)
+        self.last_candidates: np.ndarray | None = None  # the candidate set of the last selection (None: whole pool)
 
     # ----------------------------------------------------------------------------------------------- update
     def observe(self, prompt_ids: np.ndarray, success_rates: np.ndarray, step: int) -> None:
@@ -246,24 +259,22 @@ class DPSSelector:
         return score
 
     def select(self, batch_size: int, step: int, rng: np.random.Generator) -> np.ndarray:
-        """The ``batch_size`` prompts with the highest score, ties broken at random with ``rng``.
+        """The ``batch_size`` candidates with the highest score, ties broken at random with ``rng``.
 
-        O(S): one ``np.partition`` finds the B-th best score; every prompt scoring strictly above it is taken, and
-        the rest of the batch is drawn without replacement from the prompts scoring exactly the same as it.
+        Candidates: the whole pool, or with ``candidate_ratio`` the next ``candidate_ratio * B`` prompts of the
+        candidate stream (the whole pool when that is at least ``S``). O(S) (one ``np.partition``).
 
         Returns:
             ``[batch_size]`` int64 ids: those above the tie in descending score order, then the drawn ties.
         """
         B = validate_batch_size(batch_size, self.num_prompts)
         score = self.scores()  # [S]
-        # the B-th largest score (partitioning the negated values at B-1 stays fast when most scores are tied,
-        # as they are while most prompts are unseen; argpartition at S-B degrades several-fold there)
-        threshold = -np.partition(-score, B - 1)[B - 1]
-        above = np.flatnonzero(score > threshold)  # fewer than B
-        above = above[np.argsort(-score[above], kind="stable")]
-        ties = np.flatnonzero(score == threshold)  # at least B - len(above)
-        drawn = rng.choice(ties, size=B - above.size, replace=False)
-        return np.concatenate([above, drawn]).astype(np.int64, copy=False)
+        if self.candidate_ratio is None or self.candidate_ratio * B >= self.num_prompts:
+            self.last_candidates = None
+            return top_k_random_ties(score, B, rng)
+        cand = self.candidates.draw(self.candidate_ratio * B)  # [C]
+        self.last_candidates = cand
+        return cand[top_k_random_ties(score[cand], B, rng)]
 
     # ------------------------------------------------------------------------------------------ diagnostics
     def predict_states(self, prompt_ids: np.ndarray) -> np.ndarray:
@@ -289,6 +300,7 @@ class DPSSelector:
             "last_state": self.last_state.copy(),
             "last_step": self.last_step,
             "num_updates": self.num_updates,
+            "candidates": self.candidates.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -336,6 +348,8 @@ class DPSSelector:
         last_step = state.get("last_step")
         self.last_step = None if last_step is None else int(last_step)
         self.num_updates = int(state.get("num_updates", 0))
+        if "candidates" in state:
+            self.candidates.load_state_dict(state["candidates"])
 
 
 class PredictionTracker:

@@ -131,3 +131,33 @@ class UniformSampler:
                 f"UniformSampler checkpoint holds an epoch of {self._batcher.perm.size} prompts, but this run's "
                 f"pool holds {self.num_prompts}"
             )
+
+
+class CandidateStream:
+    """Candidate sets as the DPS / MoPPS reference loaders draw them: consecutive slices of a shuffled epoch of the
+    pool, without replacement through an epoch (a set straddling an epoch boundary is topped up from the next one,
+    without duplicates). Its generator is seeded by ``seed`` and is part of :meth:`state_dict`.
+
+    Args:
+        num_prompts: pool size ``S``.
+        seed: seed of the stream's own generator.
+    """
+
+    def __init__(self, num_prompts: int, seed: int = 0) -> None:
+        self.num_prompts = validate_num_prompts(num_prompts)
+        self._batcher = EpochBatcher(seed)
+
+    def draw(self, k: int) -> np.ndarray:
+        """The next ``[min(k, S)]`` distinct ids."""
+        k = min(int(k), self.num_prompts)
+        return self._batcher.next_batch(k, lambda: np.arange(self.num_prompts, dtype=np.int64))
+
+    @property
+    def epoch(self) -> int:
+        return self._batcher.epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._batcher.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._batcher.load_state_dict(state)

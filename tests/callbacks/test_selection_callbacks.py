@@ -9,7 +9,14 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lit_rlft.callbacks import DOTSCallback, DPSCallback, HistoryResamplingCallback, ReplayCallback
+from lit_rlft.callbacks import (
+    DOTSCallback,
+    DPSCallback,
+    GRESOCallback,
+    HistoryResamplingCallback,
+    MoPPSCallback,
+    ReplayCallback,
+)
 from tests.conftest import countdown_dm, tiny_module, tiny_trainer
 
 
@@ -77,8 +84,9 @@ def _dots(tmp_path):
 @pytest.mark.parametrize(
     "make",
     [lambda tmp: [DPSCallback(decay=0.7)], lambda tmp: [HistoryResamplingCallback(seed=3)], lambda tmp: [_dots(tmp)],
-     lambda tmp: [DPSCallback(), ReplayCallback(delta=0.5, capacity=8)]],
-    ids=["dps", "history", "dots", "dps+replay"],
+     lambda tmp: [DPSCallback(), ReplayCallback(delta=0.5, capacity=8)], lambda tmp: [DPSCallback(candidate_ratio=3)],
+     lambda tmp: [MoPPSCallback(candidate_ratio=4)], lambda tmp: [GRESOCallback(initial_p=0.2)]],
+    ids=["dps", "history", "dots", "dps+replay", "dps-candidates", "mopps", "greso"],
 )
 def test_resume_selects_exactly_what_the_uninterrupted_run_selects(tmp_path, make):
     full, full_module = _fit(tmp_path / "full", make(tmp_path), steps=6)

@@ -119,3 +119,19 @@ def test_dynamic_sampling_shows_selection_every_group_it_paid_for(tmp_path):
     assert rolled_out > 4, "a single round: the test would not see the discarded groups"
     assert int(dps.strategy.seen.sum()) == rolled_out
     assert float(m["time/generation_s"]) == pytest.approx(module.budget.generation_s)
+
+
+def test_mopps_and_greso_in_a_trainer_log_their_telemetry(tmp_path):
+    from lit_rlft.callbacks import GRESOCallback, MoPPSCallback
+
+    mopps = MoPPSCallback(candidate_ratio=2)
+    _, trainer = _fit(tmp_path / "m", [mopps], steps=3)
+    m = trainer.callback_metrics
+    assert 0 < float(m["mopps/posterior_mean_selected"]) < 1 and float(m["mopps/observed_prompts"]) == 12
+    assert int(mopps.strategy.num_observed.sum()) == 3 * 4  # every rolled-out group updated its posterior
+    greso = GRESOCallback(initial_p=0.0, min_keep=0.0)
+    # every group all wrong: after one epoch of the 48-prompt pool (12 steps of 4) every candidate has a hard streak
+    _, trainer = _fit(tmp_path / "g", [greso], steps=14, p=0.0)
+    m = trainer.callback_metrics
+    assert float(m["greso/zero_variance_hard"]) == 1.0 and float(m["greso/skipped_hard"]) > 0
+    assert float(m["greso/p_hard"]) == 0.0

@@ -349,3 +349,41 @@ def test_state_dict_round_trip_and_validation() -> None:
 
 def test_is_a_selection_strategy() -> None:
     assert isinstance(DPSSelector(2), SelectionStrategy)
+
+
+def test_candidate_ratio_ranks_a_fresh_candidate_set_of_an_epoch() -> None:
+    """candidate_ratio 2, B = 3, pool 12: each step ranks 6 candidates from a shuffled epoch (2 steps = 1 epoch);
+    the batch is the top-3 of the candidates by P(partial), never a prompt outside them."""
+    dps = DPSSelector(12, decay=0.7, candidate_ratio=2, seed=0)
+    dps.mu_prior[:, 1] = np.linspace(0.1, 0.9, 12)  # prompt 11 most likely partial, then 10, ...
+    rng = np.random.default_rng(0)
+    epoch = []
+    for step in range(2):
+        ids = dps.select(3, step, rng)
+        cand = dps.last_candidates
+        assert cand.size == 6 and set(ids) <= set(cand)
+        assert sorted(ids.tolist()) == sorted(cand.tolist())[-3:]  # higher id = higher score here
+        epoch += cand.tolist()
+    assert sorted(epoch) == list(range(12))  # without replacement through the epoch
+    whole = DPSSelector(12, candidate_ratio=4)  # 4 x 3 >= 12: the whole pool
+    whole.mu_prior[:, 1] = np.linspace(0.1, 0.9, 12)
+    assert sorted(whole.select(3, 0, rng).tolist()) == [9, 10, 11] and whole.last_candidates is None
+
+
+def test_candidate_draws_resume_exactly() -> None:
+    def run(dps, rng, steps):
+        out = []
+        for t in steps:
+            ids = dps.select(4, t, rng)
+            dps.observe(ids, np.random.default_rng(t).integers(0, 3, size=4) / 2, t)
+            out.append(ids.tolist())
+        return out
+
+    full, rng = DPSSelector(40, candidate_ratio=3, seed=5), np.random.default_rng(1)
+    expected = run(full, rng, range(6))
+    first, rng1 = DPSSelector(40, candidate_ratio=3, seed=5), np.random.default_rng(1)
+    run(first, rng1, range(3))
+    resumed, rng2 = DPSSelector(40, candidate_ratio=3, seed=5), np.random.default_rng()
+    resumed.load_state_dict(first.state_dict())
+    rng2.bit_generator.state = rng1.bit_generator.state
+    assert run(resumed, rng2, range(3, 6)) == expected[3:]
