@@ -65,10 +65,10 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/step_time_vs_trl.py
 
 study: $(STAMP)
-	$(BIN)/lit-rlft bench --out runs/bench
+	$(BIN)/python -m benchmarks.study --out runs/bench
 
 study-quick: $(STAMP)
-	$(BIN)/lit-rlft bench --quick
+	$(BIN)/python -m benchmarks.study --quick
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build runs lightning_logs .pytest_cache

@@ -4,7 +4,6 @@
     lit-rlft fit --config configs/countdown_tiny.yaml --print_config
     lit-rlft sft --config configs/sft_countdown_tiny.yaml      # supervised warm start, saves an HF checkpoint
     lit-rlft dots-adapters --pairs pairs.jsonl --embedding-model PATH --out adapters.pt
-    lit-rlft bench --quick --warm-start runs/sft/model            # the strategy study (docs/results.md)
 """
 
 from __future__ import annotations
@@ -53,14 +52,7 @@ def dots_adapters_cli(args: list[str] | None = None) -> None:
     dots_adapters_main(args)
 
 
-def bench_cli(args: list[str] | None = None) -> None:
-    """``lit-rlft bench``: every selection strategy on one pool, warm start, seeds and rollout budget."""
-    from lit_rlft.bench.cli import main as bench_main
-
-    bench_main(args)
-
-
-_COMMANDS = {"sft": sft_cli, "dots-adapters": dots_adapters_cli, "bench": bench_cli}
+_COMMANDS = {"sft": sft_cli, "dots-adapters": dots_adapters_cli}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,13 +1,23 @@
-"""Reading TensorBoard scalars back and plotting training curves (headless, matplotlib Agg)."""
+"""Reading TensorBoard scalars back and plotting training curves (headless, matplotlib Agg).
+
+matplotlib is optional (``pip install 'lit_rlft[plots]'``): only :func:`plot_curves` needs it.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise ImportError("plotting needs matplotlib: pip install 'lit_rlft[plots]'") from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def read_scalars(log_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
@@ -34,6 +44,7 @@ def _smooth(values: list[float], window: int = 10) -> list[float]:
 
 def plot_curves(scalars: dict[str, list[tuple[int, float]]], path: str | Path) -> Path:
     """Training reward and effective ratio (smoothed) and held-out accuracy by bucket, over rollout steps."""
+    plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for tag, label in (("reward", "training reward"), ("effective_ratio", "effective ratio")):
         if tag in scalars:

@@ -7,7 +7,7 @@ Targets (per pool size, from the uniform runs of that pool):
   over uniform's seeds.
 A run's cost to reach a target is the first crossing of its curve (linear interpolation between evaluation
 points) in cumulative completions, rollout steps and training wall time; a run that never reaches it is censored
-("not reached"). Ratios are paired by seed and summarised by :func:`lit_rlft.bench.stats.ratio_summary`.
+("not reached"). Ratios are paired by seed and summarised by :func:`benchmarks.study.stats.ratio_summary`.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from lit_rlft.bench.stats import crossing, mean_interval, ratio_summary
+from benchmarks.study.stats import crossing, mean_interval, ratio_summary
 
 TARGETS = {"accuracy": "val/accuracy/learnable", "train_reward": "train_pool_reward"}
 MEASURES = ("completions", "step", "wall_s")
 #: Extra paired comparisons besides "vs uniform": (strategy, baseline).
-COMPARISONS = (("dps", "dynamic_sampling"),)
+COMPARISONS = (("dps", "dynamic_sampling"), ("dps_c8", "dynamic_sampling"), ("dps_c8", "dps"))
 
 
 def _series_values(run: dict[str, Any], tag: str) -> np.ndarray:
@@ -160,5 +160,10 @@ def summarise_pool(runs: list[dict[str, Any]], strategies: list[str], confidence
         if a in per_seed and b in per_seed:
             comparisons[f"{a}_vs_{b}"] = {k: {m: ratio_summary(_paired(per_seed, a, b, k, m), confidence)
                                               for m in MEASURES} for k in TARGETS}
+            common = sorted(set(per_seed[a]) & set(per_seed[b]))
+            for kind, key in TARGETS.items():  # the paired final difference at equal rollouts
+                diffs = [per_seed[a][x]["final"].get(key, np.nan) - per_seed[b][x]["final"].get(key, np.nan)
+                         for x in common]
+                comparisons[f"{a}_vs_{b}"][kind]["final_diff"] = mean_interval(diffs, confidence)
     return {"targets": targets, "strategies": table, "comparisons": comparisons,
             "per_run": {f"{s}-seed{seed}": m for s, d in per_seed.items() for seed, m in d.items()}}

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from lit_rlft.bench.config import StudyConfig
-from lit_rlft.bench.rollouts import countdown_rewards, sample_groups
-from lit_rlft.bench.tasks import datamodule
+from benchmarks.study.config import StudyConfig
+from benchmarks.study.rollouts import countdown_rewards, sample_groups
+from benchmarks.study.tasks import datamodule
 
 
 def group_fractions(correct: np.ndarray) -> dict[str, float]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lit_rlft.bench.config import StudyConfig
+from benchmarks.study.config import StudyConfig
 from lit_rlft.data import CountdownTask, PromptDataModule
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lit_rlft.bench.config import StudyConfig
+from benchmarks.study.config import StudyConfig
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

@@ -8,14 +8,14 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from lit_rlft.bench.config import StudyConfig
-from lit_rlft.bench.degeneracy import measure_degeneracy
-from lit_rlft.bench.derived import summarise_pool
-from lit_rlft.bench.jsonio import read_json, write_json
-from lit_rlft.bench.plots import plot_curves, plot_effective_ratio
-from lit_rlft.bench.report import results_markdown
-from lit_rlft.bench.runner import execute_runs
-from lit_rlft.bench.warm_start import resolve_warm_start
+from benchmarks.study.config import StudyConfig
+from benchmarks.study.degeneracy import measure_degeneracy
+from benchmarks.study.derived import summarise_pool
+from benchmarks.study.jsonio import read_json, write_json
+from benchmarks.study.plots import plot_curves, plot_effective_ratio
+from benchmarks.study.report import results_markdown
+from benchmarks.study.runner import execute_runs
+from benchmarks.study.warm_start import resolve_warm_start
 
 
 def pool_degeneracy(cfg: StudyConfig, out: Path, warm_start: str) -> dict[str, Any]:
@@ -48,14 +48,14 @@ def run_study(cfg: StudyConfig, out: str | Path, progress: bool = True) -> dict[
     timings["degeneracy_s"] = time.perf_counter() - t0 - timings["warm_start_s"]
     for size, d in degeneracy.items():
         if not d.get("meets_half_degenerate", True):
-            print(f"lit-rlft bench: pool {size} is only {d['overall']['degenerate']:.0%} degenerate at the start "
+            print(f"benchmarks.study: pool {size} is only {d['overall']['degenerate']:.0%} degenerate at the start "
                   "(< 50%): consider --five-numbers")
     t_runs = time.perf_counter()
     executed = execute_runs(cfg, warm_start, out, progress=progress)
     timings.update(runs_s=time.perf_counter() - t_runs, runs_executed=executed["executed"],
                    runs_reused=executed["reused"])
     runs = executed["records"]
-    pools = {str(size): summarise_pool([r for r in runs if r.get("pool_size") == size], cfg.strategies,
+    pools = {str(size): summarise_pool([r for r in runs if r.get("pool_size") == size], cfg.strategies_at(size),
                                        cfg.confidence) for size in cfg.pool_sizes}
     timings["study_s"] = time.perf_counter() - t0
     timings["runs_total_s"] = sum(r.get("total_s") or 0.0 for r in runs)
@@ -71,12 +71,17 @@ def run_study(cfg: StudyConfig, out: str | Path, progress: bool = True) -> dict[
                  "plots": "mean across seeds, band = +-1 standard deviation across seeds",
              }}
     write_json(out / "study.json", study)
-    main_size = cfg.pool_sizes[0]
-    main_runs = [r for r in runs if r.get("pool_size") == main_size and r.get("status") == "ok" and r.get("curve")]
-    targets = pools[str(main_size)]["targets"]
-    title = f"Countdown, pool {main_size}, budget {cfg.budget_completions:,} completions, seeds {cfg.seeds}"
-    plot_curves(main_runs, cfg.strategies, targets, "completions", out / "accuracy_vs_rollouts.png", title)
-    plot_curves(main_runs, cfg.strategies, targets, "wall_s", out / "accuracy_vs_time.png", title)
-    plot_effective_ratio(main_runs, cfg.strategies, out / "effective_ratio.png", title)
+    for i, size in enumerate(cfg.pool_sizes):
+        pool_runs = [r for r in runs if r.get("pool_size") == size and r.get("status") == "ok" and r.get("curve")]
+        seeds = cfg.seeds if i == 0 else cfg.seeds[: cfg.sweep_seeds]
+        if i > 0 and len(seeds) < 2:
+            continue  # a one-seed sweep pool is summarised in the sweep table only
+        suffix = "" if i == 0 else f"_pool{size}"
+        title = f"Countdown, pool {size}, budget {cfg.budget_completions:,} completions, seeds {seeds}"
+        strategies = cfg.strategies_at(size)
+        targets = pools[str(size)]["targets"]
+        plot_curves(pool_runs, strategies, targets, "completions", out / f"accuracy_vs_rollouts{suffix}.png", title)
+        plot_curves(pool_runs, strategies, targets, "wall_s", out / f"accuracy_vs_time{suffix}.png", title)
+        plot_effective_ratio(pool_runs, strategies, out / f"effective_ratio{suffix}.png", title)
     (out / "results.md").write_text(results_markdown(cfg, study), encoding="utf-8")
     return study

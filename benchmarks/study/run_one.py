@@ -1,6 +1,6 @@
 """One run of the study: train one strategy on one pool with one seed under the rollout budget, write its JSON.
 
-    python -m lit_rlft.bench.run_one --config <out>/study_config.json --strategy dps --pool-size 4000 --seed 0 \
+    python -m benchmarks.study.run_one --config <out>/study_config.json --strategy dps --pool-size 4000 --seed 0 \
         --warm-start runs/sft/model --out-dir <out>
 
 Writes ``<out>/runs/<strategy>-pool<N>-seed<S>.json`` atomically, also when the run fails (``status: failed``
@@ -19,15 +19,15 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from lit_rlft.bench.config import RunSpec, StudyConfig
-from lit_rlft.bench.jsonio import read_json, write_json
-from lit_rlft.bench.strategies import SELECTION_NAME
+from benchmarks.study.config import RunSpec, StudyConfig
+from benchmarks.study.jsonio import read_json, write_json
+from benchmarks.study.strategies import SELECTION_NAME
 
 #: Per-step TensorBoard series kept in the run's JSON: exact tags, then tag prefixes.
 SERIES_TAGS = ("effective_ratio", "reward", "time/step_s", "time/generation_s", "budget/completions",
                "dots/pearson", "dots/reference_pearson", "dps/accuracy", "dps/cold_start_pearson",
                "dps/cold_start_reference_pearson", "frac_reward_zero_std")
-SERIES_PREFIXES = ("replay/", "dynamic_sampling/", "budget/completions_", "composition/")
+SERIES_PREFIXES = ("replay/", "dynamic_sampling/", "budget/completions_", "composition/", "greso/", "mopps/")
 
 
 def run_json_path(out_dir: str | Path, spec: RunSpec) -> Path:
@@ -56,9 +56,9 @@ def train(cfg: StudyConfig, spec: RunSpec, warm_start: str, out_dir: Path) -> di
     import torch
     from lightning.pytorch.loggers import TensorBoardLogger
 
-    from lit_rlft.bench.evaluation import EvalCallback
-    from lit_rlft.bench.strategies import strategy_callbacks
-    from lit_rlft.bench.tasks import datamodule, train_subset_ids
+    from benchmarks.study.evaluation import EvalCallback
+    from benchmarks.study.strategies import strategy_callbacks
+    from benchmarks.study.tasks import datamodule, train_subset_ids
     from lit_rlft.callbacks import BatchCompositionLogger, RolloutBudgetStop
     from lit_rlft.models.tiny import TinyConfig
     from lit_rlft.module import GRPOModule

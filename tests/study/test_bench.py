@@ -1,5 +1,6 @@
-"""`lit-rlft bench` end to end in a tiny form: two strategies, an untrained tiny policy, a 64-prompt pool, a few
-steps, run as subprocesses side by side; checks the structure of every output (not the numbers)."""
+"""The study (`python -m benchmarks.study`) end to end in a tiny form: two strategies, an untrained tiny policy, a
+64-prompt pool, a few steps, run as subprocesses side by side; checks the structure of every output (not the
+numbers)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,9 @@ import json
 
 import pytest
 
-import lit_rlft.bench.cli as bench_cli
-from lit_rlft.bench.config import RunSpec, StudyConfig
-from lit_rlft.bench.stats import crossing, ratio_summary
-from lit_rlft.cli import main
+import benchmarks.study.cli as bench_cli
+from benchmarks.study.config import RunSpec, StudyConfig
+from benchmarks.study.stats import crossing, ratio_summary
 from tests.conftest import TINY_SMALL
 
 TINY_STUDY = dict(
@@ -26,7 +26,7 @@ def test_bench_end_to_end_two_strategies(tmp_path, monkeypatch):
     monkeypatch.setattr(bench_cli, "config_from_args", lambda a: StudyConfig(
         strategies=a.strategies, jobs=a.jobs, **TINY_STUDY))
     out = tmp_path / "bench"
-    main(["bench", "--out", str(out), "--strategies", "uniform,dps", "--jobs", "2", "--no-progress"])
+    bench_cli.main(["--out", str(out), "--strategies", "uniform,dps", "--jobs", "2", "--no-progress"])
 
     for name in ("uniform-pool64-seed0", "dps-pool64-seed0"):
         run = json.loads((out / "runs" / f"{name}.json").read_text())
@@ -65,13 +65,13 @@ def test_bench_end_to_end_two_strategies(tmp_path, monkeypatch):
         assert (out / png).stat().st_size > 1000, png
 
     # A re-run resumes: both runs are reused, nothing is trained again.
-    main(["bench", "--out", str(out), "--strategies", "uniform,dps", "--jobs", "2", "--no-progress"])
+    bench_cli.main(["--out", str(out), "--strategies", "uniform,dps", "--jobs", "2", "--no-progress"])
     again = json.loads((out / "study.json").read_text())
     assert again["timings"]["runs_reused"] == 2 and again["timings"]["runs_executed"] == 0
 
 
 def test_a_failed_run_is_recorded_and_reported(tmp_path):
-    from lit_rlft.bench.study import run_study
+    from benchmarks.study.study import run_study
 
     # reference_size larger than the pool makes DOTS fail in setup; uniform still runs.
     cfg = StudyConfig(strategies=["uniform", "dots"], jobs=0, **{**TINY_STUDY, "reference_size": 100})
@@ -84,13 +84,18 @@ def test_a_failed_run_is_recorded_and_reported(tmp_path):
 
 
 def test_study_config_runs_and_quick():
-    cfg = StudyConfig(strategies=["uniform", "dps"], seeds=[0, 1, 2], pool_sizes=[4000, 1000])
+    cfg = StudyConfig(strategies=["uniform", "dps", "history"], seeds=[0, 1, 2], pool_sizes=[4000, 1000],
+                      sweep_seeds=2)
     names = [s.name for s in cfg.runs()]
-    assert names[:2] == ["uniform-pool4000-seed0", "dps-pool4000-seed0"]
-    assert len(names) == 2 * 3 + 2 * 1 and RunSpec("dps", 1000, 0).name in names
+    assert names[:3] == ["uniform-pool4000-seed0", "dps-pool4000-seed0", "history-pool4000-seed0"]
+    # the multi-epoch pool runs the sweep strategies only (history is not one), with the first 2 seeds
+    assert len(names) == 3 * 3 + 2 * 2 and RunSpec("dps", 1000, 1).name in names
+    assert RunSpec("history", 1000, 0).name not in names
     assert StudyConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    default = StudyConfig()
+    assert len(default.runs()) == 11 * 3 + 7 * 3  # the study's design: 54 runs
     quick = StudyConfig.quick()
-    assert len(quick.runs()) == 8 and quick.budget_completions < cfg.budget_completions
+    assert len(quick.runs()) == 11 and quick.budget_completions < cfg.budget_completions
     with pytest.raises(ValueError, match="unknown strategies"):
         StudyConfig(strategies=["nope"])
 

@@ -1,4 +1,4 @@
-"""``lit-rlft bench``: the command line of the study (see :mod:`lit_rlft.bench` for the design)."""
+"""``python -m benchmarks.study``: the command line of the study (see :mod:`benchmarks.study` for the design)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from lit_rlft.bench.config import STRATEGIES, StudyConfig
+from benchmarks.study.config import STRATEGIES, StudyConfig
 
 
 def _ints(text: str) -> list[int]:
@@ -31,7 +31,7 @@ def _setting(text: str) -> tuple[str, object]:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="lit-rlft bench",
+        prog="python -m benchmarks.study",
         description="Train every data-selection strategy on the same Countdown pool, warm start, seeds and rollout "
                     "budget; write <out>/runs/*.json, study.json, results.md and plots. Re-running resumes.",
     )
@@ -65,16 +65,17 @@ def config_from_args(a: argparse.Namespace) -> StudyConfig:
     return StudyConfig.quick(**overrides) if a.quick else StudyConfig(**overrides)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     cfg = config_from_args(a)
     out = a.out or Path("runs/bench_quick" if a.quick else "runs/bench")
-    from lit_rlft.bench.study import run_study
+    from benchmarks.study.study import run_study
 
     t0 = time.perf_counter()
     run_study(cfg, out, progress=not a.no_progress)
     print((out / "results.md").read_text())
-    print(f"lit-rlft bench: wrote {out}/study.json, results.md and plots in {time.perf_counter() - t0:.0f} s")
+    print(f"benchmarks.study: wrote {out}/study.json, results.md and plots in {time.perf_counter() - t0:.0f} s")
+    return 0
 
 
 if __name__ == "__main__":

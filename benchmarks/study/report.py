@@ -1,10 +1,10 @@
-"""``results.md``: the study's tables (markdown), from the summaries of :mod:`lit_rlft.bench.derived`."""
+"""``results.md``: the study's tables (markdown), from the summaries of :mod:`benchmarks.study.derived`."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from lit_rlft.bench.config import StudyConfig
+from benchmarks.study.config import StudyConfig
 
 DASH = "–"
 
@@ -97,9 +97,10 @@ def comparison_lines(pool: dict[str, Any]) -> list[str]:
     rows = []
     for name, c in pool["comparisons"].items():
         for kind in ("accuracy", "train_reward"):
-            rows.append([name.replace("_vs_", " / "), kind, fmt_ratio(c[kind]["completions"]),
-                         fmt_ratio(c[kind]["step"]), fmt_ratio(c[kind]["wall_s"])])
-    return _table(["ratio", "target", "rollouts", "steps", "wall time"], rows) if rows else []
+            rows.append([name.replace("_vs_", " / "), kind, fmt_mean(c[kind].get("final_diff"), 3, True),
+                         fmt_ratio(c[kind]["completions"]), fmt_ratio(c[kind]["step"]), fmt_ratio(c[kind]["wall_s"])])
+    return _table(["pair", "target", "final difference at equal rollouts (paired)", "rollouts to target (ratio)",
+                   "steps (ratio)", "wall time (ratio)"], rows) if rows else []
 
 
 def diagnostic_lines(pool: dict[str, Any], strategies: list[str]) -> list[str]:
@@ -150,16 +151,37 @@ def sweep_lines(pools: dict[str, Any], strategies: list[str]) -> list[str]:
     return _table(header, rows)
 
 
+def pool_lines(cfg: StudyConfig, pool: dict[str, Any], size: str, strategies: list[str], title: str) -> list[str]:
+    """Outcomes, cost to target, comparisons, diagnostics and batch composition of one pool."""
+    tg = pool["targets"]
+    fmt_t = {k: (f"{v:.3f}" if v is not None else "n/a (no uniform run)") for k, v in tg.items()}
+    lines = [
+        f"## {title}: outcomes (pool {size})", "", "Mean over seeds [95% t-interval across seeds]; 'minus uniform's' "
+        "is the paired (same seed) difference of the final values.", "",
+        *main_lines(pool, strategies), "",
+        f"### Cost to reach uniform's final level (pool {size}), as a ratio to uniform", "",
+        f"Targets: held-out accuracy 3+4 = {fmt_t['accuracy']}, training-pool reward = {fmt_t['train_reward']} "
+        "(uniform's final values, mean over its seeds). Ratio < 1: the strategy gets there with less. Geometric mean "
+        "of per-seed ratios (paired by seed) [95% t-interval on log-ratios]; censored seeds are said in words and "
+        "left out of the estimate.", "",
+        *cost_lines(pool, strategies), "",
+        *(["### Paired comparisons", "", *comparison_lines(pool), ""] if pool["comparisons"] else []),
+        f"### Diagnostics (pool {size})", "", *diagnostic_lines(pool, strategies), "",
+    ]
+    composition = composition_lines(pool, strategies)
+    if composition:
+        lines += [f"### What each strategy trained on (pool {size})", "", "Mean over steps (and seeds) of the trained "
+                  "batch's groups by number count: share of all groups, and share that are informative "
+                  "(0 < success < 1; the informative shares sum to the mean effective ratio).", "", *composition, ""]
+    return lines
+
+
 def results_markdown(cfg: StudyConfig, study: dict[str, Any]) -> str:
     pools = study["pools"]
     main = str(cfg.pool_sizes[0])
-    strategies = cfg.strategies
-    pool = pools[main]
-    tg = pool["targets"]
     step = cfg.batch_size * cfg.num_generations
-    fmt_t = {k: (f"{v:.3f}" if v is not None else "n/a (no uniform run)") for k, v in tg.items()}
     lines = [
-        "# lit_rlft bench: online data selection for GRPO on Countdown, at equal rollout budgets", "",
+        "# The strategy study: online data selection for GRPO on Countdown, at equal rollout budgets", "",
         f"Main comparison: pool {main}, seeds {cfg.seeds}; budget {cfg.budget_completions:,} completions per run "
         f"(all purposes; {cfg.budget_completions // step} uniform steps of B={cfg.batch_size} x G={cfg.num_generations}); "
         f"{cfg.num_evals} evaluations after the start on {cfg.eval_size} held-out prompts x {cfg.eval_num_generations} "
@@ -168,17 +190,7 @@ def results_markdown(cfg: StudyConfig, study: dict[str, Any]) -> str:
         f"{study['timings'].get('runs_reused', 0)} reused); the runs took {study['timings'].get('runs_total_s', 0):.0f} "
         f"s in all ({cfg.jobs or 1} side by side).", "",
         "## Pool degeneracy at the start", "", *degeneracy_lines(study["degeneracy"]),
-        f"## Outcomes (pool {main})", "", "Mean over seeds [95% t-interval across seeds]; 'minus uniform's' is the "
-        "paired (same seed) difference of the final values.", "",
-        *main_lines(pool, strategies), "",
-        f"## Cost to reach uniform's final level (pool {main}), as a ratio to uniform", "",
-        f"Targets: held-out accuracy 3+4 = {fmt_t['accuracy']}, training-pool reward = {fmt_t['train_reward']} "
-        "(uniform's final values, mean over its seeds). Ratio < 1: the strategy gets there with less. Geometric mean "
-        "of per-seed ratios (paired by seed) [95% t-interval on log-ratios]; censored seeds are said in words and "
-        "left out of the estimate.", "",
-        *cost_lines(pool, strategies), "",
-        *(["### DPS against dynamic sampling", "", *comparison_lines(pool), ""] if pool["comparisons"] else []),
-        "## Diagnostics", "", *diagnostic_lines(pool, strategies), "",
+        *pool_lines(cfg, pools[main], main, cfg.strategies_at(int(main)), "Main comparison"),
         "Selection overhead = time in the selection callback except reference rollouts, over (training step + that "
         "time + reference rollouts). Not-for-training completions: DOTS / cold-start reference sets "
         f"({cfg.reference_size} prompts x G every {cfg.update_every} steps = "
@@ -186,17 +198,24 @@ def results_markdown(cfg: StudyConfig, study: dict[str, Any]) -> str:
         f"{cfg.reference_size / cfg.update_every / cfg.batch_size:.0%} of a uniform step) and dynamic sampling's "
         "discarded rounds.", "",
     ]
-    composition = composition_lines(pool, strategies)
-    if composition:
-        lines += ["## What each strategy trained on", "", "Mean over steps (and seeds) of the trained batch's groups "
-                  "by number count: share of all groups, and share that are informative (0 < success < 1; the "
-                  "informative shares sum to the mean effective ratio).", "", *composition, ""]
+    sweep_seeds = cfg.seeds[: cfg.sweep_seeds]
+    for size in cfg.pool_sizes[1:]:
+        passes = cfg.budget_completions / (size * cfg.num_generations)
+        if len(sweep_seeds) >= 2:
+            lines += [f"Pool {size}: the same budget is {passes:.1f} passes over the pool, seeds {sweep_seeds}.", "",
+                      *pool_lines(cfg, pools[str(size)], str(size), cfg.strategies_at(size),
+                                  f"Multi-epoch setting ({passes:.1f} passes)")]
     if len(pools) > 1:
-        lines += ["## Pool-size sweep", "", f"Seeds {cfg.seeds[: cfg.sweep_seeds]} outside the main pool.", "",
+        strategies = [s for s in cfg.strategies if all(s in cfg.strategies_at(z) for z in cfg.pool_sizes)]
+        lines += ["## Across pool sizes", "", f"Seeds {cfg.seeds} at pool {main}, {sweep_seeds} elsewhere.", "",
                   *sweep_lines(pools, strategies), ""]
     failed = [r for r in study["runs"] if r.get("status") != "ok"]
     lines += ["## Failed runs", ""]
     lines += [f"- `{r['run']}`: {r.get('error', 'unknown error')}" for r in failed] or ["None."]
     lines += ["", "![accuracy vs rollouts](accuracy_vs_rollouts.png)", "",
               "![accuracy vs time](accuracy_vs_time.png)", "", "![effective ratio](effective_ratio.png)", ""]
+    for size in cfg.pool_sizes[1:]:
+        if len(sweep_seeds) >= 2:
+            lines += [f"![accuracy vs rollouts, pool {size}](accuracy_vs_rollouts_pool{size}.png)", "",
+                      f"![effective ratio, pool {size}](effective_ratio_pool{size}.png)", ""]
     return "\n".join(lines)

@@ -13,9 +13,9 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from lit_rlft.bench.config import RunSpec, StudyConfig
-from lit_rlft.bench.jsonio import read_json, write_json
-from lit_rlft.bench.run_one import is_finished, run_and_write, run_json_path
+from benchmarks.study.config import RunSpec, StudyConfig
+from benchmarks.study.jsonio import read_json, write_json
+from benchmarks.study.run_one import is_finished, run_and_write, run_json_path
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,7 +34,7 @@ def _subprocess_run(cfg: StudyConfig, spec: RunSpec, warm_start: str, out: Path,
     log.parent.mkdir(parents=True, exist_ok=True)
     path = run_json_path(out, spec)
     path.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "lit_rlft.bench.run_one", "--config", str(config_path), "--strategy", spec.strategy,
+    cmd = [sys.executable, "-m", "benchmarks.study.run_one", "--config", str(config_path), "--strategy", spec.strategy,
            "--pool-size", str(spec.pool_size), "--seed", str(spec.seed), "--warm-start", warm_start,
            "--out-dir", str(out)]
     t0 = time.perf_counter()

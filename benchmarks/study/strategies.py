@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import lightning as L
 
-from lit_rlft.bench.config import STRATEGIES, StudyConfig
+from benchmarks.study.config import STRATEGIES, StudyConfig
 from lit_rlft.callbacks import (
     DifficultyPredictorConfig,
     DOTSCallback,
     DPSCallback,
     DynamicSamplingCallback,
+    GRESOCallback,
     HistoryResamplingCallback,
+    MoPPSCallback,
     ReplayCallback,
 )
 
 #: The ``SelectionCallback.name`` each strategy logs its ``<name>/overhead_s`` under (None: no selection callback).
 SELECTION_NAME: dict[str, str | None] = {
     "uniform": None, "dynamic_sampling": None, "history": "history", "dots": "dots", "dots_replay": "dots",
-    "dps": "dps", "dps_replay": "dps", "dps_cold_start": "dps",
+    "dps": "dps", "dps_c8": "dps", "dps_replay": "dps", "dps_cold_start": "dps", "mopps": "mopps", "greso": "greso",
 }
 
 
@@ -29,7 +31,12 @@ def strategy_callbacks(name: str, cfg: StudyConfig, seed: int, cache_dir: str) -
     - ``history``: SRPO history resampling.
     - ``dots`` / ``dots_replay``: DOTS (alpha, tau, a reference set of ``reference_size`` every ``update_every``
       steps, online-fitted adapters on the warm start's embeddings), plus replay.
-    - ``dps`` / ``dps_replay``: DPS (decay ``dps_decay``), plus replay (``replay_delta``, ``replay_capacity``).
+    - ``dps`` / ``dps_replay``: DPS (decay ``dps_decay``) ranking the whole pool, plus replay (``replay_delta``,
+      ``replay_capacity``).
+    - ``dps_c8``: DPS ranking a fresh candidate set of ``dps_candidate_ratio * B`` prompts each step (the DPS
+      reference code's loader; 8 in its Countdown scripts).
+    - ``mopps``: MoPPS, Thompson samples of ``mopps_candidate_ratio * B`` candidates, target 0.5.
+    - ``greso``: GRESO's pre-rollout skipping, target zero-variance share ``greso_target``.
     - ``dps_cold_start``: DPS whose unseen prompts start from DOTS' predicted success rate (same reference-set
       settings as DOTS, charged to the budget).
     """
@@ -44,8 +51,8 @@ def strategy_callbacks(name: str, cfg: StudyConfig, seed: int, cache_dir: str) -
     def replay() -> ReplayCallback:
         return ReplayCallback(delta=cfg.replay_delta, capacity=cfg.replay_capacity, seed=seed)
 
-    def dps(cold: DifficultyPredictorConfig | None = None) -> DPSCallback:
-        return DPSCallback(decay=cfg.dps_decay, cold_start=cold, seed=seed)
+    def dps(cold: DifficultyPredictorConfig | None = None, candidate_ratio: int | None = None) -> DPSCallback:
+        return DPSCallback(decay=cfg.dps_decay, cold_start=cold, candidate_ratio=candidate_ratio, seed=seed)
 
     if name == "uniform":
         return []
@@ -59,8 +66,14 @@ def strategy_callbacks(name: str, cfg: StudyConfig, seed: int, cache_dir: str) -
         return [dots(), replay()]
     if name == "dps":
         return [dps()]
+    if name == "dps_c8":
+        return [dps(candidate_ratio=cfg.dps_candidate_ratio)]
     if name == "dps_replay":
         return [dps(), replay()]
+    if name == "mopps":
+        return [MoPPSCallback(candidate_ratio=cfg.mopps_candidate_ratio, seed=seed)]
+    if name == "greso":
+        return [GRESOCallback(target_zero_variance=cfg.greso_target, seed=seed)]
     cold = DifficultyPredictorConfig(reference_size=cfg.reference_size, update_every=cfg.update_every,
                                      online_steps_per_update=cfg.dots_online_steps, cache_dir=cache_dir)
     return [dps(cold)]

@@ -9,7 +9,7 @@ import lightning as L
 import numpy as np
 import torch
 
-from lit_rlft.bench.rollouts import countdown_rewards, sample_groups
+from benchmarks.study.rollouts import countdown_rewards, sample_groups
 from lit_rlft.rollout.base import SamplingConfig
 
 #: torch seed of every evaluation: all runs and points see the same sampling noise (common random numbers).

@@ -1,14 +1,14 @@
-"""``lit-rlft bench``: every data-selection strategy on the same Countdown pool, warm start, seeds and rollout budget.
+"""``python -m benchmarks.study``: every data-selection strategy on the same Countdown pool, warm start, seeds and rollout budget.
 
-    python -m lit_rlft.cli bench --out runs/bench                      # the full study (about 1.5 hours)
-    python -m lit_rlft.cli bench --quick --warm-start runs/sft/model   # every strategy once, under 15 minutes
-    python -m lit_rlft.cli bench --strategies uniform,dps --seeds 0,1,2 --pool-sizes 4000 --budget-completions 38400
+    python -m benchmarks.study --out runs/bench                      # the full study (about 1.5 hours)
+    python -m benchmarks.study --quick --warm-start runs/sft/model   # every strategy once, under 15 minutes
+    python -m benchmarks.study --strategies uniform,dps --seeds 0,1,2 --pool-sizes 4000 --budget-completions 38400
 
-(``lit-rlft bench ...`` once the package is installed.) Re-running the same command resumes: a run whose JSON says
+(From the repository root.) Re-running the same command resumes: a run whose JSON says
 ``ok`` and was made with the same run settings (``StudyConfig.run_fingerprint``) is reused, anything else is run
 again; ``study.json``, ``results.md`` and the plots are always rebuilt from all run files.
 
-Modules, one concept each: :mod:`~lit_rlft.bench.config` (``StudyConfig``, ``RunSpec``), ``tasks`` (pool, held-out
+Modules, one concept each: :mod:`~benchmarks.study.config` (``StudyConfig``, ``RunSpec``), ``tasks`` (pool, held-out
 set, fixed training subset), ``strategies`` (callbacks per strategy), ``rollouts`` / ``evaluation`` (measurement
 rollouts, ``EvalCallback``), ``degeneracy``, ``warm_start``, ``run_one`` (one run, also ``python -m``), ``runner``
 (subprocesses, resume, tqdm), ``stats`` / ``derived`` (targets, censored crossings, intervals), ``report``
@@ -38,6 +38,6 @@ Time: see ``docs/results.md`` for the measured wall time of the full study (the 
 2-2.6 hours). ``--quick`` takes about 8 minutes (8 runs, pool 1,000, 12,288 completions, 300 held-out prompts).
 """
 
-from lit_rlft.bench.config import STRATEGIES, RunSpec, StudyConfig
+from benchmarks.study.config import STRATEGIES, RunSpec, StudyConfig
 
 __all__ = ["STRATEGIES", "RunSpec", "StudyConfig"]

@@ -10,16 +10,22 @@ from typing import Any
 
 #: Every strategy the study knows, in table order.
 STRATEGIES: tuple[str, ...] = (
-    "uniform", "dynamic_sampling", "history", "dots", "dots_replay", "dps", "dps_replay", "dps_cold_start",
+    "uniform", "dynamic_sampling", "history", "dots", "dots_replay", "dps", "dps_c8", "dps_replay", "dps_cold_start",
+    "mopps", "greso",
 )
+
+#: The strategies of the multi-epoch setting (the pools after the first), per the study's design.
+SWEEP_STRATEGIES: tuple[str, ...] = ("uniform", "dynamic_sampling", "dps", "dps_c8", "mopps", "greso", "dots_replay")
 
 
 @dataclass
 class StudyConfig:
     """Everything that defines a study. Runs differ only in (strategy, pool size, seed).
 
-    Pools and seeds: the first entry of ``pool_sizes`` is the main comparison (every seed in ``seeds``); the
-    other pool sizes form the pool-size sweep and get only the first ``sweep_seeds`` seeds.
+    Pools and seeds: the first entry of ``pool_sizes`` is the main comparison (every strategy, every seed in
+    ``seeds``); the other pool sizes get the strategies of ``sweep_strategies`` (``None``: all) with the first
+    ``sweep_seeds`` seeds. The default second pool, 1,000 prompts under the same budget (4.8 passes over the pool),
+    is the multi-epoch setting, closer to the papers' regime of many passes.
 
     Task: the training pool is ``CountdownTask(size=N, num_numbers=num_numbers (+ [5] with five_numbers),
     split="train", seed=pool_seed)``; the held-out set is ``CountdownTask(size=eval_size, num_numbers=[2, 3, 4],
@@ -43,8 +49,9 @@ class StudyConfig:
     # -- which runs ------------------------------------------------------------------------------------------
     strategies: list[str] = field(default_factory=lambda: list(STRATEGIES))
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    pool_sizes: list[int] = field(default_factory=lambda: [4000, 1000, 16000])
-    sweep_seeds: int = 1
+    pool_sizes: list[int] = field(default_factory=lambda: [4000, 1000])
+    sweep_seeds: int = 3
+    sweep_strategies: list[str] | None = field(default_factory=lambda: list(SWEEP_STRATEGIES))
     # -- task ------------------------------------------------------------------------------------------------
     num_numbers: list[int] = field(default_factory=lambda: [2, 3, 4])
     five_numbers: bool = False
@@ -81,6 +88,9 @@ class StudyConfig:
     max_steps_factor: int = 10
     # -- strategies ------------------------------------------------------------------------------------------
     dps_decay: float = 0.5
+    dps_candidate_ratio: int = 8
+    mopps_candidate_ratio: int = 16
+    greso_target: float = 0.25
     dots_alpha: float = 0.5
     dots_tau: float = 1e-3
     reference_size: int = 32
@@ -97,7 +107,7 @@ class StudyConfig:
 
     def __post_init__(self) -> None:
         self.adam_betas = tuple(self.adam_betas)
-        unknown = [s for s in self.strategies if s not in STRATEGIES]
+        unknown = [s for s in [*self.strategies, *(self.sweep_strategies or [])] if s not in STRATEGIES]
         if unknown:
             raise ValueError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
         if not self.strategies or not self.seeds or not self.pool_sizes:
@@ -130,8 +140,14 @@ class StudyConfig:
         main, *sweep = self.pool_sizes
         specs = [RunSpec(s, main, seed) for seed in self.seeds for s in self.strategies]
         for size in sweep:
-            specs += [RunSpec(s, size, seed) for seed in self.seeds[: self.sweep_seeds] for s in self.strategies]
+            specs += [RunSpec(s, size, seed) for seed in self.seeds[: self.sweep_seeds] for s in self.strategies_at(size)]
         return specs
+
+    def strategies_at(self, pool_size: int) -> list[str]:
+        """The strategies run at ``pool_size`` (all of them at the main pool)."""
+        if pool_size == self.pool_sizes[0] or self.sweep_strategies is None:
+            return list(self.strategies)
+        return [s for s in self.strategies if s in self.sweep_strategies]
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -144,8 +160,8 @@ class StudyConfig:
     def run_fingerprint(self) -> str:
         """Hash of everything that changes a run's outcome (not the run list, jobs or statistics): a finished run
         is reused on a re-run only when this matches."""
-        skip = {"strategies", "seeds", "pool_sizes", "sweep_seeds", "jobs", "run_timeout_s", "confidence", "sft_threads",
-                "degeneracy_sample", "degeneracy_generations"}
+        skip = {"strategies", "seeds", "pool_sizes", "sweep_seeds", "sweep_strategies", "jobs", "run_timeout_s",
+                "confidence", "sft_threads", "degeneracy_sample", "degeneracy_generations"}
         data = {k: v for k, v in self.to_dict().items() if k not in skip}
         return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
 

@@ -1,0 +1,1 @@
+"""Benchmarks and the strategy study (run from the repository root: ``python -m benchmarks.study``)."""
