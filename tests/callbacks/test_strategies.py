@@ -112,13 +112,25 @@ def test_dots_logs_an_out_of_sample_pearson_on_each_new_reference_set(tmp_path):
 def test_dynamic_sampling_shows_selection_every_group_it_paid_for(tmp_path):
     """DPS stacked with dynamic sampling observes the discarded candidates too (their all-solved / all-wrong outcomes
     were paid for), and the step's generation time covers every round."""
+    import lightning as L
+
+    records = []
+
+    class Keep(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            records.append(outputs["record"])
+
     dps = DPSCallback()
-    module, trainer = _fit(tmp_path, [DynamicSamplingCallback(max_rounds=4), dps], steps=1, p=0.3)
+    module, trainer = _fit(tmp_path, [DynamicSamplingCallback(max_rounds=4), dps, Keep()], steps=1, p=0.3)
     m = trainer.callback_metrics
     rolled_out = int(m["dynamic_sampling/rolled_out_groups"])
     assert rolled_out > 4, "a single round: the test would not see the discarded groups"
     assert int(dps.strategy.seen.sum()) == rolled_out
     assert float(m["time/generation_s"]) == pytest.approx(module.budget.generation_s)
+    # the per-function reward mean covers every round, not only the first
+    fresh = records[0].fresh()
+    assert fresh.num_groups == rolled_out
+    assert float(m["rewards/coin/mean"]) == pytest.approx(float(fresh.reward_per_func["coin"].mean()))
 
 
 def test_mopps_and_greso_in_a_trainer_log_their_telemetry(tmp_path):
