@@ -70,7 +70,12 @@ class GRPOModule(L.LightningModule):
         engine: the rollout engine (``class_path`` in YAML); ``None``: :class:`~lit_rlft.rollout.HFEngine`.
         reward_funcs: reward callables or dotted paths (``lit_rlft.rewards.countdown_reward``).
         reward_weights: one weight per reward function (default 1 each).
-        reward_timeout_s: a reward call running longer scores 0 and is counted (``rewards/timeouts``).
+        reward_timeout_s: longest one reward function may spend on one completion; past it the completion scores 0
+            alone, its worker process is killed and replaced, and it is counted (``rewards/num_timeouts``). Each
+            completion is scored on its own, so one that raises or gives NaN changes no other score. None scores in
+            the training process without a bound (debugging).
+        reward_workers: reward worker processes per rank (default: the node's CPU cores shared among its ranks,
+            1 to 4).
         success_threshold: a completion is correct when its total reward is at least this.
         num_generations: completions per prompt (``G``).
         temperature: sampling temperature (also used for training log-probs, as TRL does).
@@ -115,7 +120,8 @@ class GRPOModule(L.LightningModule):
         engine: RolloutEngine | None = None,
         reward_funcs: list[RewardFunc] | None = None,
         reward_weights: list[float] | None = None,
-        reward_timeout_s: float = 10.0,
+        reward_timeout_s: float | None = 10.0,
+        reward_workers: int | None = None,
         success_threshold: float = 1.0,
         num_generations: int = 8,
         temperature: float = 1.0,
@@ -187,7 +193,8 @@ class GRPOModule(L.LightningModule):
         funcs = [resolve_reward(f) for f in (reward_funcs or [])]
         if not funcs:
             raise ValueError("reward_funcs is empty: give at least one, e.g. lit_rlft.rewards.countdown_reward")
-        self.rewards = RewardRunner(funcs, weights=reward_weights, timeout_s=reward_timeout_s)
+        self.rewards = RewardRunner(funcs, weights=reward_weights, timeout_s=reward_timeout_s,
+                                    num_workers=reward_workers)
         self.engine: RolloutEngine = engine if engine is not None else HFEngine(max_batch_size=generation_batch_size)
         self.tiny = tiny
         # Objects are kept as given: under LightningCLI, ``self.hparams`` holds the raw config (dicts).
@@ -310,6 +317,12 @@ class GRPOModule(L.LightningModule):
     def on_validation_start(self) -> None:
         self._bind_worker()
         self.sync_engine()
+
+    def teardown(self, stage: str) -> None:
+        """Stop the reward worker processes (a later fit or validate starts them again)."""
+        close = getattr(self.rewards, "close", None)  # any scorer with the runner's call signature is accepted
+        if close is not None:
+            close()
 
     def _bind_worker(self) -> None:
         if self.worker is None or self.worker.rewards is not self.rewards:

@@ -2,7 +2,10 @@
 
 The completion is untrusted model output. It is read by a small hand-written recursive-descent parser over
 integers, ``+ - * /``, parentheses and whitespace, with caps on length and nesting depth, and evaluated exactly
-with :class:`fractions.Fraction`. Nothing is ever passed to ``eval``, ``ast`` or ``compile``.
+with :class:`fractions.Fraction`. Nothing is ever passed to ``eval``, ``ast`` or ``compile``. The answer tag is
+found with two reverse string searches (linear time, also when a tag is never closed); the expression is read only
+up to :data:`MAX_LENGTH` characters, :data:`MAX_DEPTH` parentheses deep, with integers of at most
+:data:`MAX_DIGITS` digits.
 
 Grammar (no unary minus, no implicit multiplication, no ``**``)::
 
@@ -36,7 +39,7 @@ MAX_DIGITS = 12
 """Longest integer literal the parser accepts (Countdown numbers are small)."""
 
 _TOKEN = re.compile(r"\s*(?:([0-9]+)|([-+*/()]))")
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_OPEN, _CLOSE = "<answer>", "</answer>"
 
 
 def _tokenize(text: str) -> list[str]:
@@ -145,9 +148,13 @@ def parse_expression(text: str) -> tuple[Fraction, list[int]]:
 
 
 def countdown_answer(completion: str) -> str:
-    """The answer text of a completion: the last ``<answer>...</answer>`` content, else the whole completion."""
-    answers = _ANSWER.findall(completion)
-    return (answers[-1] if answers else completion).strip()
+    """The answer text of a completion: the content of its last closed ``<answer>...</answer>`` (from the last
+    ``<answer>`` before the last ``</answer>``), else the whole completion. Linear time."""
+    end = completion.rfind(_CLOSE)
+    start = completion.rfind(_OPEN, 0, end) if end != -1 else -1
+    if start == -1:
+        return completion.strip()
+    return completion[start + len(_OPEN) : end].strip()
 
 
 def _as_fraction(target: Any) -> Fraction:

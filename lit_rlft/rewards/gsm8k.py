@@ -1,4 +1,9 @@
-"""GSM8K reward: the final number of a completion compared numerically with the gold ``#### <number>``."""
+"""GSM8K reward: the final number of a completion compared numerically with the gold ``#### <number>``.
+
+Limits: a completion longer than :data:`MAX_COMPLETION_CHARS` scores 0; a number with more than
+:data:`MAX_NUMBER_DIGITS` digits is not read as a number (Python refuses to convert more than 4,300 digits, and
+no GSM8K answer has more than a dozen). Every pattern here is matched in linear time.
+"""
 
 from __future__ import annotations
 
@@ -10,13 +15,17 @@ from typing import Any
 
 from lit_rlft.rewards.math import extract_boxed
 
-__all__ = ["gsm8k_format_reward", "gsm8k_gold", "gsm8k_prediction", "gsm8k_reward", "parse_number"]
+__all__ = ["MAX_COMPLETION_CHARS", "MAX_NUMBER_DIGITS", "gsm8k_format_reward", "gsm8k_gold", "gsm8k_prediction", "gsm8k_reward", "parse_number"]
 
 # A number: ``1,234.5`` (thousands groups), ``1234``, ``.5``; a leading minus only when it cannot be a binary
 # minus (not preceded by a digit, letter, ``)`` or ``]``), so ``10-5`` reads as 10 and 5.
 _NUMBER = re.compile(r"(?:(?<![\w)\]])-)?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)?(?:\.\d+)?")
 _WHOLE_NUMBER = re.compile(r"-?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|\.\d+)")
 _MARKER = "####"
+MAX_COMPLETION_CHARS = 200_000
+"""Longest completion read at all (characters); a longer one scores 0."""
+MAX_NUMBER_DIGITS = 100
+"""Most digits a number may have to be read; a longer digit string is not a number."""
 
 
 def _find_numbers(text: str) -> list[str]:
@@ -31,7 +40,7 @@ def parse_number(text: str) -> Fraction | None:
     Fraction(1000, 1)
     """
     cleaned = text.replace("$", "").replace("\\", "").strip().rstrip(".").strip()
-    if not _WHOLE_NUMBER.fullmatch(cleaned):
+    if sum(c.isdigit() for c in cleaned) > MAX_NUMBER_DIGITS or not _WHOLE_NUMBER.fullmatch(cleaned):
         return None
     return Fraction(cleaned.replace(",", ""))
 
@@ -74,7 +83,9 @@ def gsm8k_gold(answer: Any) -> str | None:
 
 def gsm8k_prediction(completion: str) -> Fraction | None:
     """The number a completion answers: after its last ``####``, else in its last ``\\boxed{}``, else its last
-    number. None when the completion contains no number there."""
+    number. None when the completion contains no number there, or is longer than :data:`MAX_COMPLETION_CHARS`."""
+    if len(completion) > MAX_COMPLETION_CHARS:
+        return None
     if _MARKER in completion:
         return _number_in_segment(completion.rsplit(_MARKER, 1)[1])
     boxed = extract_boxed(completion)
@@ -116,5 +127,5 @@ def gsm8k_format_reward(completions: list[str], **kwargs: Any) -> list[float]:
         completions: ``N`` generated texts.
         **kwargs: data set columns, ignored.
     """
-    return [1.0 if _MARKER in c and _number_in_segment(c.rsplit(_MARKER, 1)[1]) is not None else 0.0
-            for c in completions]
+    return [1.0 if len(c) <= MAX_COMPLETION_CHARS and _MARKER in c
+            and _number_in_segment(c.rsplit(_MARKER, 1)[1]) is not None else 0.0 for c in completions]

@@ -1,22 +1,34 @@
 """MATH-style reward: the last ``\\boxed{...}`` of a completion, verified against the gold answer with math-verify.
 
-math-verify guards parsing and comparison with ``signal.alarm`` timeouts, which only work in the main thread.
-:class:`~lit_rlft.rewards.runner.RewardRunner` calls reward functions from a worker thread, so every call here
-disables math-verify's own timeouts (``parsing_timeout=None``, ``timeout_seconds=None``) and relies on the
-runner's timeout instead. sympy can also hang in uninterruptible C code (``10^{10^{10}}``), which no timeout
-stops and which a timed-out thread would keep computing: predictions with gigantic exponents or factorials, or
-longer than :data:`MAX_ANSWER_CHARS`, score 0 before sympy evaluates them.
+Limits (each scores the completion 0 before sympy sees it; the runner's per-completion time bound, which kills
+the worker process, stays the backstop):
+
+- a completion longer than :data:`MAX_COMPLETION_CHARS` characters, a boxed prediction longer than
+  :data:`MAX_ANSWER_CHARS` or nested deeper than :data:`MAX_NESTING`;
+- operators that make sympy evaluate (``\\sum``, ``\\prod``, ``\\int``, ``\\lim``...), unless the gold answer
+  uses them too: ``\\prod_{k=1}^{10^9} k`` would never finish;
+- numbers sympy would have to expand: a power whose exponent exceeds :data:`MAX_EXPONENT` or whose value has more
+  than :data:`MAX_DIGITS` digits (``(10^{99999})^{99999}``), a factorial or binomial of more than
+  :data:`MAX_FACTORIAL`.
+
+Extraction of the boxed answer is a single linear scan. math-verify's own ``signal.alarm`` timeouts only work in
+a main thread, so they are disabled here (``parsing_timeout=None``, ``timeout_seconds=None``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
 __all__ = [
     "MAX_ANSWER_CHARS",
+    "MAX_COMPLETION_CHARS",
+    "MAX_DIGITS",
     "MAX_EXPONENT",
+    "MAX_FACTORIAL",
+    "MAX_NESTING",
     "extract_boxed",
     "math_answer_from_solution",
     "math_reward",
@@ -25,8 +37,19 @@ __all__ = [
 
 MAX_ANSWER_CHARS = 1000
 """Longest boxed prediction that is parsed; a longer one scores 0 (MATH answers are far shorter)."""
+MAX_COMPLETION_CHARS = 200_000
+"""Longest completion read at all (characters); a longer one scores 0."""
 MAX_EXPONENT = 100_000
-"""Largest numeric exponent (and factorial / binomial argument) allowed in a prediction; beyond it scores 0."""
+"""Largest numeric exponent allowed in a prediction; beyond it scores 0."""
+MAX_DIGITS = 100_000
+"""Most decimal digits a power in a prediction may have (``|exponent| * log10|base|``); beyond it scores 0."""
+MAX_FACTORIAL = 10_000
+"""Largest factorial / binomial / subfactorial argument allowed in a prediction; beyond it scores 0."""
+MAX_NESTING = 10
+"""Deepest nesting of braces, parentheses and brackets allowed in a prediction (the LaTeX parser is slow on deep
+nesting: 16 braces take 25 s, 10 about 1.5 s; MATH gold answers nest at most 3 deep); beyond it scores 0."""
+_EVALUATING = ("\\sum", "\\prod", "\\int", "\\oint", "\\iint", "\\lim", "\\coprod", "∑", "∏", "∫")
+"""LaTeX that makes sympy compute (sums, products, integrals, limits): refused unless the gold answer has it."""
 
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
@@ -137,28 +160,52 @@ def _parse_gold(answer: str) -> tuple[Any, ...] | None:
     return tuple(parsed) if parsed else None
 
 
-def _is_huge(node: Any) -> bool:
-    """Whether one sympy node would make sympy compute a gigantic integer (``10^{10^{10}}``, ``(10^9)!``)."""
+def _nesting(text: str) -> int:
+    """Deepest nesting of ``{([`` in ``text`` (unbalanced closers ignored), in one pass."""
+    depth = deepest = 0
+    for char in text:
+        if char in "{([":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "})]" and depth:
+            depth -= 1
+    return deepest
+
+
+def _magnitude(node: Any) -> float | None:
+    """``|node|`` as a float (``inf`` when too large for one), None when it is not a number sympy can evaluate."""
+    if not node.is_number:
+        return None
+    try:
+        return abs(complex(node.evalf(15)))
+    except (TypeError, ValueError):
+        return None
+    except OverflowError:
+        return math.inf
+
+
+def _is_huge(node: Any, allow_evaluating: bool = False) -> bool:
+    """Whether one sympy node would make sympy compute a gigantic number (``10^{10^{10}}``,
+    ``(10^{99999})^{99999}``, ``(10^9)!``) or evaluate a sum, product, integral or limit."""
     import sympy
 
+    if isinstance(node, (sympy.Sum, sympy.Product, sympy.Integral, sympy.Limit)):
+        return not allow_evaluating
     if isinstance(node, sympy.Pow):
-        arguments = [node.exp]
-    elif isinstance(node, (sympy.factorial, sympy.factorial2, sympy.binomial, sympy.subfactorial)):
-        arguments = list(node.args)
-    else:
-        return False
-    for argument in arguments:
-        if not argument.is_number:
-            continue
-        try:
-            if abs(complex(argument.evalf(5))) > MAX_EXPONENT:
-                return True
-        except (TypeError, ValueError, OverflowError):
-            continue
+        exponent = _magnitude(node.exp)
+        if exponent is None:
+            return False
+        if exponent > MAX_EXPONENT:
+            return True
+        base = _magnitude(node.base)
+        return base is not None and base > 1 and exponent * math.log10(base) > MAX_DIGITS
+    if isinstance(node, (sympy.factorial, sympy.factorial2, sympy.binomial, sympy.subfactorial)):
+        sizes = [_magnitude(argument) for argument in node.args]
+        return any(size is not None and size > MAX_FACTORIAL for size in sizes)
     return False
 
 
-def _is_safe(parsed: list[Any]) -> bool:
+def _is_safe(parsed: list[Any], allow_evaluating: bool = False) -> bool:
     """Cheap guard against predictions whose comparison would hang sympy in C code (uninterruptible).
 
     Sub-expressions are checked innermost first, so an exponent is only evaluated once its own exponents are
@@ -174,7 +221,7 @@ def _is_safe(parsed: list[Any]) -> bool:
         else:
             continue
         for entry in entries:
-            if any(_is_huge(node) for node in sympy.postorder_traversal(entry)):
+            if any(_is_huge(node, allow_evaluating) for node in sympy.postorder_traversal(entry)):
                 return False
     return True
 
@@ -189,10 +236,13 @@ def verify_math_answer(prediction: str, answer: str) -> float | None:
     gold = _parse_gold(str(answer))
     if gold is None:
         return None
-    if len(prediction) > MAX_ANSWER_CHARS:
+    if len(prediction) > MAX_ANSWER_CHARS or _nesting(prediction) > MAX_NESTING:
+        return 0.0
+    gold_evaluates = any(command in str(answer) for command in _EVALUATING)
+    if not gold_evaluates and any(command in prediction for command in _EVALUATING):
         return 0.0
     pred = _parse(prediction)
-    if not pred or not _is_safe(pred):
+    if not pred or not _is_safe(pred, allow_evaluating=gold_evaluates):
         return 0.0
     return 1.0 if verify(list(gold), pred, timeout_seconds=None) else 0.0
 
@@ -213,6 +263,6 @@ def math_reward(completions: list[str], answer: Sequence[Any], **kwargs: Any) ->
         if gold is None or _parse_gold(str(gold)) is None:
             scores.append(None)
             continue
-        prediction = extract_boxed(completion)
+        prediction = None if len(completion) > MAX_COMPLETION_CHARS else extract_boxed(completion)
         scores.append(0.0 if prediction is None else verify_math_answer(prediction, str(gold)))
     return scores

@@ -1,9 +1,10 @@
-"""Run several reward functions on a batch of completions, with weights, a timeout and error accounting.
+"""Run several reward functions on a batch of completions, with weights, isolation, a time bound and accounting.
 
 A reward function follows TRL's convention: ``fn(completions: list[str], **columns) -> list[float | None]``.
-Training must go on when a reward function misbehaves at run time, so the runner scores 0 (and counts) a call
-that raises, a call that runs past ``timeout_s`` and every None score. A function that returns the wrong number
-of scores breaks the contract itself and raises ``ValueError``.
+Training must go on when a reward function misbehaves on one completion, so the runner scores each completion on
+its own, in worker processes (:mod:`lit_rlft.rewards.pool`): a completion whose scoring raises, runs past
+``timeout_s`` or gives None / NaN / inf scores the fallback (0) alone and is counted. A function that returns the
+wrong number of scores, or a non-number, breaks the contract itself and raises ``ValueError``.
 """
 
 from __future__ import annotations
@@ -11,14 +12,16 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
-import threading
+import os
+import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from lit_rlft.rewards.pool import CONTRACT, ERROR, OK, TIMEOUT, Task, TaskResult, WorkerPool, score_task, split_rows
 
 __all__ = ["RewardFunc", "RewardResult", "RewardRunner", "resolve_reward", "reward_name"]
 
@@ -33,10 +36,10 @@ class RewardResult:
     """Scores of one batch of ``N`` completions.
 
     Attributes:
-        total: ``[N]`` float32, weighted sum over functions (None, errors and timeouts count as 0).
-        per_func: function name -> ``[N]`` float32 unweighted scores (same zeroing).
-        num_errors: calls that raised (all their scores are 0).
-        num_timeouts: calls that ran past the timeout (all their scores are 0).
+        total: ``[N]`` float32, weighted sum over functions (failed scores count as the runner's fallback, 0).
+        per_func: function name -> ``[N]`` float32 unweighted scores (same fallback).
+        num_errors: (function, completion) scorings that raised, summed over functions.
+        num_timeouts: (function, completion) scorings that ran past the bound, summed over functions.
         num_unscored: None (or NaN / infinite) scores returned, summed over functions.
     """
 
@@ -45,10 +48,6 @@ class RewardResult:
     num_errors: int = 0
     num_timeouts: int = 0
     num_unscored: int = 0
-
-
-class _CallTimeout(Exception):
-    """A reward call ran past the runner's timeout."""
 
 
 def reward_name(func: Callable[..., Any]) -> str:
@@ -130,61 +129,6 @@ def resolve_reward(obj: Any) -> Callable[..., Sequence[Any]]:
     raise ValueError(f"a reward must be a callable or a dotted path, got {type(obj).__name__}: {obj!r}")
 
 
-def _call_with_timeout(func: Callable[..., Any], kwargs: dict[str, Any], timeout_s: float | None, name: str) -> Any:
-    """``func(**kwargs)`` in a daemon thread, waiting at most ``timeout_s`` seconds (None: call inline).
-
-    A Python thread cannot be killed: on timeout the call is abandoned and keeps running in the background until
-    it returns on its own (its result is then dropped). The thread is a daemon, so a call that never returns does
-    not keep the process alive at exit (``ThreadPoolExecutor`` workers are joined at exit and would), and each
-    call gets its own thread, so a hung call never blocks later ones.
-
-    Raises:
-        _CallTimeout: the call ran past ``timeout_s``.
-        Exception: whatever ``func`` raised.
-    """
-    if timeout_s is None:
-        return func(**kwargs)
-    future: Future[Any] = Future()
-
-    def target() -> None:
-        if not future.set_running_or_notify_cancel():
-            return
-        try:
-            result = func(**kwargs)
-        except BaseException as exc:  # reported to the caller through the future
-            future.set_exception(exc)
-        else:
-            future.set_result(result)
-
-    threading.Thread(target=target, name=f"reward-{name}", daemon=True).start()
-    done, _ = wait([future], timeout=timeout_s)
-    if not done:
-        raise _CallTimeout
-    return future.result()
-
-
-def _to_scores(raw: Any, n: int, name: str) -> tuple[list[float], int]:
-    """Validate a function's return value: ``n`` floats (None / NaN / inf -> 0) and the count of unscored."""
-    if isinstance(raw, torch.Tensor):
-        raw = raw.detach().cpu().reshape(-1).tolist()
-    if isinstance(raw, (str, bytes)) or not hasattr(raw, "__len__"):
-        raise ValueError(f"reward function {name!r} returned {type(raw).__name__}, expected a list of {n} scores")
-    if len(raw) != n:
-        raise ValueError(f"reward function {name!r} returned {len(raw)} scores for {n} completions")
-    scores: list[float] = []
-    unscored = 0
-    for value in raw:
-        try:
-            score = None if value is None else float(value)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"reward function {name!r} returned a non-numeric score {value!r}") from exc
-        if score is None or not math.isfinite(score):
-            unscored += 1
-            score = 0.0
-        scores.append(score)
-    return scores, unscored
-
-
 def _unique_names(funcs: Sequence[Callable[..., Any]]) -> list[str]:
     """Display names, with ``_2``, ``_3``... appended to repeats."""
     names: list[str] = []
@@ -199,16 +143,26 @@ def _unique_names(funcs: Sequence[Callable[..., Any]]) -> list[str]:
 
 
 class RewardRunner:
-    """Score completions with several reward functions and combine them with weights.
+    """Score completions with several reward functions and combine them with weights, one completion at a time.
+
+    Every (function, completion) pair is scored on its own (the function is called with one-element lists), so a
+    completion that makes a function raise, run past ``timeout_s`` or return None / NaN / inf scores ``fallback``
+    alone, is counted, and changes no other completion's score. With ``timeout_s`` set, the calls run in worker
+    processes (:class:`~lit_rlft.rewards.pool.WorkerPool`, started on first use and reused) and a call past the
+    bound has its process killed and replaced: the bound is real, and nothing keeps running after it.
 
     Args:
         funcs: reward functions (callables, or anything :func:`resolve_reward` accepts).
         weights: one weight per function (default: all 1.0).
-        timeout_s: longest a single function call may run, in seconds; past it the call is abandoned and scores 0.
-            None runs functions inline in the calling thread without a timeout.
+        timeout_s: longest one function may spend on one completion, in seconds. None scores in the calling
+            process without a bound (debugging; still isolates exceptions per completion).
+        num_workers: reward processes (default: the CPU cores shared among the node's ranks, 1 to 4).
+        fallback: the score of a completion that raised, timed out or got no finite score.
+        warn_interval_s: failures are reported as a console warning (rank 0) at most this often, with counts.
+        start_method: ``fork`` (default on Linux: closures work), ``forkserver`` or ``spawn``.
 
     Example:
-        >>> runner = RewardRunner(["lit_rlft.rewards.exact_match_reward"])
+        >>> runner = RewardRunner(["lit_rlft.rewards.exact_match_reward"], timeout_s=None)
         >>> runner(["4", "5"], {"answer": ["4", "4"]}).total
         tensor([1., 0.])
     """
@@ -218,6 +172,10 @@ class RewardRunner:
         funcs: Sequence[Callable[..., Any] | str],
         weights: Sequence[float] | None = None,
         timeout_s: float | None = 10.0,
+        num_workers: int | None = None,
+        fallback: float = 0.0,
+        warn_interval_s: float = 60.0,
+        start_method: str | None = None,
     ) -> None:
         if isinstance(funcs, (str, Mapping)) or callable(funcs):
             funcs = [funcs]  # type: ignore[list-item]
@@ -232,19 +190,52 @@ class RewardRunner:
         self.weights: list[float] = [float(w) for w in weights]
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive or None, got {timeout_s}")
+        if not math.isfinite(fallback):
+            raise ValueError(f"fallback must be a finite score, got {fallback}")
         self.timeout_s = timeout_s
+        self.fallback = float(fallback)
+        self.warn_interval_s = float(warn_interval_s)
+        self.pool: WorkerPool | None = (
+            None if timeout_s is None else WorkerPool(self.funcs, timeout_s, num_workers, start_method)
+        )
         self.totals: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
         """Cumulative counters over all calls: num_calls, num_errors, num_timeouts, num_unscored."""
-        self._warned: set[tuple[str, str]] = set()
+        self._unreported: dict[str, int] = dict.fromkeys(("num_scorings", *_COUNTERS[1:]), 0)
+        self._examples: dict[str, str] = {}
+        self._last_warning: float | None = None
 
-    def _warn_once(self, name: str, kind: str, message: str) -> None:
-        """Warn the first time a function hits a given kind of failure; later ones are only counted."""
-        if (name, kind) not in self._warned:
-            self._warned.add((name, kind))
-            warnings.warn(
-                f"{message} (further {kind}s of {name!r} are counted, not reported)", RuntimeWarning, stacklevel=3
-            )
+    # ------------------------------------------------------------------------------------------- reporting
+    def _report(self, result: RewardResult, examples: dict[str, str]) -> None:
+        """Warn (rank 0) about failures, at most once per ``warn_interval_s``, with the counts since the last one."""
+        self._unreported["num_scorings"] += len(self.funcs) * int(result.total.numel())
+        self._unreported["num_errors"] += result.num_errors
+        self._unreported["num_timeouts"] += result.num_timeouts
+        self._unreported["num_unscored"] += result.num_unscored
+        for kind, example in examples.items():
+            self._examples.setdefault(kind, example)
+        now = time.monotonic()
+        if not (self._unreported["num_errors"] or self._unreported["num_timeouts"] or self._unreported["num_unscored"]):
+            return
+        if self._last_warning is not None and now - self._last_warning < self.warn_interval_s:
+            return
+        since = "since the start" if self._last_warning is None else f"in the last {now - self._last_warning:.0f} s"
+        self._last_warning = now
+        counts = self._unreported
+        parts = [
+            f"{counts['num_errors']} raised" if counts["num_errors"] else "",
+            f"{counts['num_timeouts']} timed out (> {self.timeout_s} s)" if counts["num_timeouts"] else "",
+            f"{counts['num_unscored']} unscored (None / NaN / inf)" if counts["num_unscored"] else "",
+        ]
+        details = "; ".join(self._examples.values())
+        message = (f"rewards: of {counts['num_scorings']} completion scorings {since}, "
+                   f"{', '.join(p for p in parts if p)}; each scored {self.fallback:g} alone, the others kept their "
+                   f"scores ({details}). Counted in rewards/num_errors, rewards/num_timeouts, rewards/num_unscored.")
+        self._unreported = dict.fromkeys(("num_scorings", *_COUNTERS[1:]), 0)
+        self._examples = {}
+        if _is_rank_zero():
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
 
+    # ----------------------------------------------------------------------------------------------- scoring
     def _check_columns(self, n: int, columns: Mapping[str, Any]) -> None:
         """Column lists must align with the completions; ``completions`` cannot be a column."""
         if "completions" in columns:
@@ -253,42 +244,52 @@ class RewardRunner:
             if isinstance(column, (list, tuple)) and len(column) != n:
                 raise ValueError(f"column {key!r} has {len(column)} rows for {n} completions")
 
-    def _score_func(
-        self, index: int, completions: list[str], columns: Mapping[str, Any]
-    ) -> tuple[list[float], str, int]:
-        """Scores of one function, its outcome (``"ok"``, ``"error"``, ``"timeout"``) and its unscored count."""
-        func, name, n = self.funcs[index], self.names[index], len(completions)
-        try:
-            raw = _call_with_timeout(func, {"completions": completions, **columns}, self.timeout_s, name)
-        except _CallTimeout:
-            self._warn_once(name, "timeout", f"reward function {name!r} ran past {self.timeout_s} s; scored 0")
-            return [0.0] * n, "timeout", 0
-        except Exception as exc:
-            self._warn_once(name, "error", f"reward function {name!r} raised {exc!r}; scored 0")
-            return [0.0] * n, "error", 0
-        scores, unscored = _to_scores(raw, n, name)
-        return scores, "ok", unscored
+    def _run(self, tasks: list[Task]) -> list[TaskResult]:
+        if self.pool is not None:
+            return self.pool.run(tasks)
+        return [score_task(self.funcs[task.func], task) for task in tasks]
 
-    def __call__(self, completions: list[str], columns: Mapping[str, Any] | None = None) -> RewardResult:
+    def __call__(self, completions: Sequence[str], columns: Mapping[str, Any] | None = None) -> RewardResult:
         """Score ``N`` completions.
 
         Args:
             completions: ``N`` generated texts.
             columns: data set fields as lists aligned with ``completions`` (``answer``, ``prompts``...), passed to
-                every function as keyword arguments.
+                every function as keyword arguments (one-element lists, one completion per call).
 
         Raises:
-            ValueError: a function returned the wrong number of scores (or no list), or a column is misaligned.
+            ValueError: a function broke its contract (a number of scores other than one per completion, or a
+                non-numeric score), or a column is misaligned.
         """
-        completions = list(completions)
+        completions = [str(c) for c in completions]
         columns = dict(columns or {})
-        self._check_columns(len(completions), columns)
-        result = RewardResult(total=torch.zeros(len(completions), dtype=torch.float32))
-        for index, (name, weight) in enumerate(zip(self.names, self.weights)):
-            scores, outcome, unscored = self._score_func(index, completions, columns)
-            result.num_errors += outcome == "error"
-            result.num_timeouts += outcome == "timeout"
-            result.num_unscored += unscored
+        n = len(completions)
+        self._check_columns(n, columns)
+        rows = split_rows(columns, n)
+        tasks = [Task(f, completions[i], rows[i]) for f in range(len(self.funcs)) for i in range(n)]
+        outcomes = self._run(tasks)
+        result = RewardResult(total=torch.zeros(n, dtype=torch.float32))
+        examples: dict[str, str] = {}
+        for f, (name, weight) in enumerate(zip(self.names, self.weights)):
+            scores = []
+            for i in range(n):
+                outcome = outcomes[f * n + i]
+                if outcome.outcome == CONTRACT:
+                    raise ValueError(f"reward function {name!r} {outcome.value} (it must return one score per "
+                                     "completion: a float, or None for 'cannot score')")
+                if outcome.outcome == OK and outcome.value is not None:
+                    scores.append(outcome.value)
+                    continue
+                scores.append(self.fallback)
+                if outcome.outcome == ERROR:
+                    result.num_errors += 1
+                    examples.setdefault("error", f"reward function {name!r} raised {outcome.value}")
+                elif outcome.outcome == TIMEOUT:
+                    result.num_timeouts += 1
+                    examples.setdefault("timeout", f"reward function {name!r} ran past {self.timeout_s} s")
+                else:
+                    result.num_unscored += 1
+                    examples.setdefault("unscored", f"reward function {name!r} gave no finite score")
             tensor = torch.tensor(scores, dtype=torch.float32)
             result.per_func[name] = tensor
             result.total += weight * tensor
@@ -296,8 +297,28 @@ class RewardRunner:
         self.totals["num_errors"] += result.num_errors
         self.totals["num_timeouts"] += result.num_timeouts
         self.totals["num_unscored"] += result.num_unscored
+        self._report(result, examples)
         return result
+
+    def close(self) -> None:
+        """Stop the worker processes (a later call starts them again)."""
+        if self.pool is not None:
+            self.pool.close()
 
     def __repr__(self) -> str:
         funcs = ", ".join(f"{name}*{weight:g}" for name, weight in zip(self.names, self.weights))
-        return f"RewardRunner([{funcs}], timeout_s={self.timeout_s})"
+        workers = "inline" if self.pool is None else f"{self.pool.num_workers} processes"
+        return f"RewardRunner([{funcs}], timeout_s={self.timeout_s}, {workers})"
+
+
+def _is_rank_zero() -> bool:
+    """Whether this process is global rank 0 (Lightning's notion when set, else the ``RANK`` variable)."""
+    try:
+        from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+        rank = getattr(rank_zero_only, "rank", None)
+    except ImportError:  # pragma: no cover - lightning is a dependency
+        rank = None
+    if rank is None:
+        rank = int(os.environ.get("RANK", "0") or 0)
+    return rank == 0

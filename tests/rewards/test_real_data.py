@@ -75,3 +75,32 @@ def test_gsm8k_gold_solutions_score_one_and_shifted_zero(split: str) -> None:
     print(f"GSM8K {split} shifted answer (numbers differ) scores 0: {len(pairs) - len(wrongly_one)}/{len(pairs)}")
     assert wrongly_one == []
     assert all(gsm8k_reward([gsm8k_gold(a)], answer=[a]) == [1.0] for a in answers[:50])  # bare-number completions
+
+
+@pytest.mark.parametrize("hostile", [r"\boxed{\prod_{k=1}^{10^{9}} k}", r"\boxed{(10^{99999})^{99999}}"])
+def test_math500_batch_one_hostile_completion_changes_no_other_score(hostile: str) -> None:
+    """The issue's case: 63 correct MATH-500 solutions and one hostile completion in one call scored 0 in total."""
+    from lit_rlft.rewards import RewardRunner
+
+    rows = load_jsonl("math500/test.jsonl")[:64]
+    completions = [r["solution"] for r in rows[:63]] + [hostile]
+    runner = RewardRunner(["lit_rlft.rewards.math_reward"], timeout_s=10.0, warn_interval_s=1e9)
+    start = time.perf_counter()
+    result = runner(completions, {"answer": [r["answer"] for r in rows]})
+    elapsed = time.perf_counter() - start
+    runner.close()
+    assert result.total[:63].tolist() == [1.0] * 63
+    assert result.total[63] == 0.0
+    assert elapsed < 10.0 + 1.0  # the runner's bound, whatever the guards do
+
+
+def test_gsm8k_batch_one_huge_number_changes_no_other_score() -> None:
+    from lit_rlft.rewards import RewardRunner
+
+    rows = load_jsonl("gsm8k/test.jsonl")[:16]
+    completions = [r["answer"] for r in rows[:15]] + ["#### " + "9" * 5000]
+    runner = RewardRunner(["lit_rlft.rewards.gsm8k_reward"], timeout_s=10.0)
+    result = runner(completions, {"answer": [r["answer"] for r in rows]})
+    runner.close()
+    assert result.total.tolist() == [1.0] * 15 + [0.0]
+    assert result.num_errors == 0

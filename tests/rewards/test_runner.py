@@ -36,8 +36,8 @@ def sleepy_reward(completions: list[str], **kwargs: object) -> list[float]:
     return [1.0] * len(completions)
 
 
-def short_reward(completions: list[str], **kwargs: object) -> list[float]:
-    return [1.0]
+def two_scores_reward(completions: list[str], **kwargs: object) -> list[float]:
+    return [1.0, 1.0]
 
 
 def test_weighted_total_and_per_func() -> None:
@@ -61,7 +61,7 @@ def test_unscored_counts_as_zero() -> None:
 
 def test_error_is_counted_and_warned_once() -> None:
     runner = RewardRunner([raising_reward, length_reward])
-    with pytest.warns(RuntimeWarning, match="raising_reward.*boom"):
+    with pytest.warns(RuntimeWarning, match="1 raised.*raising_reward.*RuntimeError: boom"):
         result = runner(["ab"], {})
     assert result.num_errors == 1
     assert torch.equal(result.per_func["raising_reward"], torch.tensor([0.0]))
@@ -87,8 +87,8 @@ def test_timeout_is_counted_and_does_not_block() -> None:
 
 
 def test_wrong_length_raises_naming_the_function() -> None:
-    runner = RewardRunner([short_reward])
-    with pytest.raises(ValueError, match="short_reward.*1 scores for 2"):
+    runner = RewardRunner([two_scores_reward])
+    with pytest.raises(ValueError, match="two_scores_reward.*2 scores for 1 completion"):
         runner(["a", "b"], {})
 
 
