@@ -29,6 +29,7 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
+from lit_rlft.checkpointing import check_checkpoint, is_local_checkpoint_path, use_atomic_checkpoint_io
 from lit_rlft.models.sharding import fully_shard_policy, is_sharded
 
 __all__ = ["FabricLoop", "fsdp2_parallelize"]
@@ -52,6 +53,10 @@ class FabricLoop:
         val_every_n_steps: rollout steps between validations (``None``: never).
         checkpoint_dir: where :meth:`save` writes ``step=<n>.ckpt`` every ``checkpoint_every_n_steps`` rollout steps.
         checkpoint_every_n_steps: ``None``: only when :meth:`save` is called.
+
+    Single-file checkpoints are written atomically (:class:`~lit_rlft.checkpointing.AtomicCheckpointIO` is installed
+    on the Fabric's strategy unless it has a custom checkpoint IO), and :meth:`load` reports a missing, truncated or
+    unfinished checkpoint in one line naming it (:class:`~lit_rlft.checkpointing.CheckpointError`).
     """
 
     def __init__(self, fabric: L.Fabric, max_steps: int, callbacks: Sequence[L.Callback] = (),
@@ -60,6 +65,7 @@ class FabricLoop:
         if max_steps < 1:
             raise ValueError(f"FabricLoop: max_steps must be >= 1, got {max_steps}")
         self.fabric = fabric
+        use_atomic_checkpoint_io(fabric.strategy)
         self.max_steps = max_steps
         self.callbacks = list(callbacks)
         self.val_every_n_steps = val_every_n_steps
@@ -181,6 +187,8 @@ class FabricLoop:
 
     def load(self, path: str) -> None:
         """Restore :meth:`save`'s checkpoint into the set-up loop (callbacks restore before ``on_fit_start``)."""
+        if is_local_checkpoint_path(path):
+            check_checkpoint(path)
         state = self.state()
         self.fabric.load(path, state)
         self.scheduler.load_state_dict(state["scheduler"])
@@ -223,10 +231,15 @@ class FabricBackend:
         return _fabric_no_sync(self.fabric, self._model)
 
     def clip_grad_norm(self, max_norm: float) -> float:
-        total = self.fabric.clip_gradients(self._model, self.optimizer, max_norm=max_norm)
+        total = self.fabric.clip_gradients(self._model, self.optimizer, max_norm=max_norm, error_if_nonfinite=False)
         if hasattr(total, "full_tensor"):
             total = total.full_tensor()
         return float(total)
+
+    @property
+    def scaler_skips_nonfinite(self) -> bool:
+        """Under 16-mixed the GradScaler skips steps with infinite gradients itself (and lowers its scale)."""
+        return getattr(self.fabric.strategy.precision, "scaler", None) is not None
 
     def optimizer_step(self) -> None:
         self.optimizer.step()

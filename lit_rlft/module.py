@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -104,6 +105,9 @@ class GRPOModule(L.LightningModule):
         warmup_steps: linear warm-up in optimizer steps.
         lr_scheduler: ``constant`` or ``cosine`` after warm-up (cosine decays over ``trainer.max_steps``).
         max_grad_norm: gradient clipping by global norm (0 = off).
+        max_nonfinite_skips: an optimizer step whose loss or gradient is NaN / infinite is skipped (its gradient
+            dropped, logged as ``nonfinite_skips``, a warning printed); after this many in a row the run stops
+            with an error (0 = never stop).
         eval_num_generations: samples per validation prompt (mean@k accuracy and pass@k).
         eval_temperature: validation temperature (``None`` = the training temperature).
         generation_seed: re-seed torch's generator at the start of every rollout step with
@@ -147,6 +151,7 @@ class GRPOModule(L.LightningModule):
         warmup_steps: int = 0,
         lr_scheduler: Literal["constant", "cosine"] = "constant",
         max_grad_norm: float = 1.0,
+        max_nonfinite_skips: int = 3,
         eval_num_generations: int = 1,
         eval_temperature: float | None = None,
         generation_seed: int | None = 0,
@@ -189,7 +194,7 @@ class GRPOModule(L.LightningModule):
             mismatch_correction=mismatch_correction, mismatch_cap=mismatch_cap,
         )
         self.updater = PolicyUpdater(self.loss_fn, temperature, num_iterations, num_mini_batches, micro_batch_size,
-                                     max_grad_norm)
+                                     max_grad_norm, max_nonfinite_skips)
         funcs = [resolve_reward(f) for f in (reward_funcs or [])]
         if not funcs:
             raise ValueError("reward_funcs is empty: give at least one, e.g. lit_rlft.rewards.countdown_reward")
@@ -483,6 +488,10 @@ class GRPOModule(L.LightningModule):
                                       batch_rewards=batch_rewards)  # 5, [B_local, G]
         loss_metrics = self.updater.update(rollouts, advantages.reshape(-1), backend, self.collective,
                                            self.reference_logprobs)  # 6
+        if loss_metrics["nonfinite_skips"]:
+            rank_zero_warn(f"step {self.rollout_step}: {int(loss_metrics['nonfinite_skips'])} optimizer step(s) had a "
+                           f"non-finite loss or gradient and were skipped ({self.updater.skips_in_a_row} in a row; "
+                           f"the run stops at model.max_nonfinite_skips={self.updater.max_nonfinite_skips})")
         self.sync_engine()  # vLLM samples the next batch (and DOTS' reference set, validation) from these weights
         self.rollout_step += 1
         metrics = rollout_metrics(rollouts, trained, self.collective)
@@ -499,10 +508,27 @@ class GRPOModule(L.LightningModule):
         if self.collective.is_distributed:
             metrics["dist/world_size"] = float(self.collective.world_size)
             metrics["dist/plan_mismatches"] = float(self.plan_mismatches)
+        metrics["batch/no_signal"] = float(metrics["frac_reward_zero_std"] == 1.0)
+        if metrics["batch/no_signal"]:
+            self._warn_no_signal(trained)
         reward = metrics.pop("reward")
         self.log("reward", reward, prog_bar=True, on_step=True, on_epoch=False, batch_size=trained.num_groups)
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=trained.num_groups)
         return {"rollouts": rollouts, "record": record, "plan_source": plan_source}
+
+    def _warn_no_signal(self, trained: Any) -> None:
+        """Say (rank 0, at most once a minute) that a batch had no group with reward variance."""
+        now = time.monotonic()
+        if now - getattr(self, "_no_signal_warned", -math.inf) < 60.0:
+            return
+        self._no_signal_warned = now
+        rates = trained.success_rates.numpy()
+        rank_zero_warn(
+            f"step {self.rollout_step - 1}: no group of the {len(rates)} trained has reward variance "
+            f"({int((rates >= 1).sum())} all solved, {int((rates <= 0).sum())} all unsolved): the batch carries no "
+            "learning signal (every advantage is 0). Logged as batch/no_signal; if it persists, the data are too "
+            "easy or too hard for the policy, or the reward never fires (check rewards/<name>/mean)."
+        )
 
     def log_dict(self, dictionary: Any, *args: Any, **kwargs: Any) -> None:
         """Lightning's ``log_dict`` under the Trainer; under the Fabric loop, straight to its loggers at the rollout

@@ -53,6 +53,11 @@ class TrainerBackend:
         params = [p for p in plugin.main_params(self.opt.optimizer) if p.grad is not None]
         return clip_grad_norm(params, max_norm * scale) / scale
 
+    @property
+    def scaler_skips_nonfinite(self) -> bool:
+        """Under 16-mixed the GradScaler skips steps with infinite gradients itself (and lowers its scale)."""
+        return getattr(self.trainer.precision_plugin, "scaler", None) is not None
+
     def optimizer_step(self) -> None:
         self.opt.step()
         self.sched.step()

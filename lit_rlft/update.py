@@ -19,6 +19,7 @@ compute the gradient that one rank holding the whole batch computes (up to float
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -35,6 +36,10 @@ from lit_rlft.distributed import Collective, LocalCollective
 
 RefLogprobs = Callable[[Rollouts, Tensor], "Tensor | None"]
 """``(rollouts, rows [n]) -> [n, L]`` reference log-probs (or None without a KL penalty)."""
+
+
+class NonFiniteUpdateError(RuntimeError):
+    """Too many consecutive optimizer steps had a non-finite loss or gradient; training stops."""
 
 
 class UpdateBackend(Protocol):
@@ -60,7 +65,8 @@ class UpdateBackend(Protocol):
         ...
 
     def clip_grad_norm(self, max_norm: float) -> float:
-        """Clip the global gradient norm to ``max_norm``; return the norm before clipping."""
+        """Clip the global gradient norm to ``max_norm``; return the norm before clipping (the same on every rank:
+        the gradients are synced). ``max_norm=inf`` only measures."""
         ...
 
     def optimizer_step(self) -> None:
@@ -101,16 +107,30 @@ class PolicyUpdater:
         num_mini_batches: optimizer steps per pass.
         micro_batch_size: rows per forward/backward (``None``: the whole mini-batch).
         max_grad_norm: clip the global gradient norm (0 = off).
+        max_nonfinite_skips: stop (:class:`NonFiniteUpdateError`) after this many consecutive optimizer steps with
+            a non-finite loss or gradient (0 = never stop).
+
+    Numerical faults: when the global gradient norm of a mini-batch is NaN or infinite (a NaN loss gives one), its
+    gradient is dropped before the optimizer step: the optimizer steps over no gradient (torch optimizers leave such
+    parameters and their state untouched), so step counts and the learning-rate schedule stay on plan and no
+    non-finite value reaches the weights. The norm is computed on synced gradients, so every rank decides alike.
+    Under a fp16 ``GradScaler`` (backend attribute ``scaler_skips_nonfinite``) infinite gradients are the scaler's
+    business (it skips the step and lowers its scale) and are left to it.
     """
 
     def __init__(self, loss_fn: GRPOLoss, temperature: float, num_iterations: int = 1, num_mini_batches: int = 1,
-                 micro_batch_size: int | None = None, max_grad_norm: float = 1.0):
+                 micro_batch_size: int | None = None, max_grad_norm: float = 1.0, max_nonfinite_skips: int = 3):
+        if max_nonfinite_skips < 0:
+            raise ValueError(f"max_nonfinite_skips must be >= 0 (0 = never stop), got {max_nonfinite_skips}")
         self.loss_fn = loss_fn
         self.temperature = temperature
         self.num_iterations = num_iterations
         self.num_mini_batches = num_mini_batches
         self.micro_batch_size = micro_batch_size
         self.max_grad_norm = max_grad_norm
+        self.max_nonfinite_skips = max_nonfinite_skips
+        self.skips_in_a_row = 0
+        self.skips_total = 0
 
     def weight(self, rollouts: Rollouts, rows: Tensor) -> float:
         """A micro-batch's share of its mini-batch's loss: tokens for ``dapo``, sequences otherwise."""
@@ -150,13 +170,33 @@ class PolicyUpdater:
                         stats[k].append(float(v))
                     stats["entropy"].append(float(entropy))
                     stats["loss"].append(float(out.loss.detach()))
-                if self.max_grad_norm > 0:
-                    stats["grad_norm"].append(backend.clip_grad_norm(self.max_grad_norm))
+                norm = backend.clip_grad_norm(self.max_grad_norm if self.max_grad_norm > 0 else math.inf)
+                if math.isfinite(norm) or getattr(backend, "scaler_skips_nonfinite", False):
+                    self.skips_in_a_row = 0
+                    if self.max_grad_norm > 0:
+                        stats["grad_norm"].append(norm)
+                else:
+                    self._skip(backend, stats, norm)
                 backend.optimizer_step()
+        skipped = len(stats.pop("nonfinite_skips", []))
         reduce = {"/min": np.min, "/max": np.max}
         metrics = {k: float(reduce.get(k[k.rfind("/"):], np.mean)(v)) for k, v in stats.items()}
+        metrics["nonfinite_skips"] = float(skipped)
         metrics["learning_rate"] = backend.learning_rate()
         return metrics
+
+    def _skip(self, backend: UpdateBackend, stats: dict[str, list[float]], norm: float) -> None:
+        """Drop a non-finite gradient (the optimizer then steps over nothing); stop after too many in a row."""
+        backend.zero_grad()
+        self.skips_in_a_row += 1
+        self.skips_total += 1
+        stats["nonfinite_skips"].append(norm)
+        if self.max_nonfinite_skips and self.skips_in_a_row >= self.max_nonfinite_skips:
+            raise NonFiniteUpdateError(
+                f"{self.skips_in_a_row} optimizer steps in a row had a non-finite loss or gradient (norm {norm}); "
+                "their updates were skipped and the weights are still finite. Lower model.learning_rate, check the "
+                "rewards and the precision (bf16-mixed rather than 16-mixed), or raise model.max_nonfinite_skips"
+            )
 
     @torch.no_grad()
     def old_logprobs(self, rollouts: Rollouts, backend: UpdateBackend) -> Tensor:

@@ -221,3 +221,38 @@ def test_engine_seeds_differ_per_call_and_repeat_after_a_reseed():
     module._reseed(salt=0)
     assert module._engine_seed() != first[0]
     assert tiny_module(generation_seed=None)._engine_seed() is None
+
+
+class _NaNLoss:
+    """The module's loss, made NaN at the listed rollout steps."""
+
+    def __init__(self, loss_fn, module, bad_steps):
+        self.loss_fn, self.module, self.bad_steps = loss_fn, module, set(bad_steps)
+        self.loss_type = loss_fn.loss_type
+
+    def __call__(self, *args, **kwargs):
+        out = self.loss_fn(*args, **kwargs)
+        if self.module.rollout_step in self.bad_steps:
+            out.loss = out.loss * float("nan")
+        return out
+
+
+def test_trainer_skips_a_nan_step_and_stops_after_a_streak(tmp_path, monkeypatch):
+    from lit_rlft.update import NonFiniteUpdateError
+
+    module = tiny_module(max_nonfinite_skips=2)
+    module.configure_model()
+    _force_learning_signal(monkeypatch, module)
+    module.updater.loss_fn = _NaNLoss(module.updater.loss_fn, module, bad_steps=[1])
+    with pytest.warns(UserWarning, match="step 1: 1 optimizer step.*non-finite.*1 in a row"):
+        tiny_trainer(tmp_path, max_steps=3).fit(module, datamodule=countdown_dm())
+    assert module.updater.skips_total == 1 and module.trainer.global_step == 3  # the skipped step still counts
+    assert all(torch.isfinite(p).all() for p in module.policy.parameters())
+
+    module = tiny_module(max_nonfinite_skips=2)
+    module.configure_model()
+    _force_learning_signal(monkeypatch, module)
+    module.updater.loss_fn = _NaNLoss(module.updater.loss_fn, module, bad_steps=[1, 2, 3])
+    with pytest.raises(NonFiniteUpdateError, match="2 optimizer steps in a row"):
+        tiny_trainer(tmp_path, max_steps=5).fit(module, datamodule=countdown_dm())
+    assert module.rollout_step == 2 and all(torch.isfinite(p).all() for p in module.policy.parameters())

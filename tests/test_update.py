@@ -63,3 +63,35 @@ def test_torch_backend_steps_the_optimizer_and_reports_the_learning_rate():
         batch, group_advantages(batch.rewards).reshape(-1), TorchBackend(model, opt))
     assert stats["learning_rate"] == 1e-3 and stats["grad_norm"] > 0
     assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
+
+
+def _adamw_step(model, updater, advantages, optimizer):
+    return updater.update(_batch(), advantages, TorchBackend(model, optimizer))
+
+
+@pytest.mark.parametrize("max_grad_norm", [1.0, 0.0])
+def test_non_finite_gradient_skips_the_update_and_stops_after_a_streak(max_grad_norm):
+    from lit_rlft.update import NonFiniteUpdateError
+
+    model = tiny_qwen2(char_tokenizer(), TinyConfig(**TINY_SMALL))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    updater = PolicyUpdater(GRPOLoss(max_completion_length=6), temperature=1.0, max_grad_norm=max_grad_norm,
+                            max_nonfinite_skips=2)
+    good = group_advantages(_batch().rewards).reshape(-1)
+    bad = good.clone()
+    bad[0] = float("nan")  # one NaN advantage: a NaN loss and NaN gradients everywhere
+    _adamw_step(model, updater, good, optimizer)
+    weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    state = {n: {k: v.clone() for k, v in optimizer.state[p].items()} for n, p in model.named_parameters()}
+    stats = _adamw_step(model, updater, bad, optimizer)
+    assert stats["nonfinite_skips"] == 1.0 and updater.skips_in_a_row == 1
+    for n, p in model.named_parameters():  # nothing reached the weights; AdamW's moments (and decay) untouched
+        assert torch.equal(p, weights[n]), n
+        for k, v in optimizer.state[p].items():
+            assert torch.equal(v, state[n][k]), (n, k)
+    assert _adamw_step(model, updater, good, optimizer)["nonfinite_skips"] == 0.0  # a finite step resets the streak
+    assert updater.skips_in_a_row == 0 and all(torch.isfinite(p).all() for p in model.parameters())
+    _adamw_step(model, updater, bad, optimizer)
+    with pytest.raises(NonFiniteUpdateError, match="2 optimizer steps in a row.*max_nonfinite_skips"):
+        _adamw_step(model, updater, bad, optimizer)
+    assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lit_rlft.callbacks import (
     DOTSCallback,
     DPSCallback,
+    DynamicSamplingCallback,
     GRESOCallback,
     HistoryResamplingCallback,
     MoPPSCallback,
@@ -85,8 +86,13 @@ def _dots(tmp_path):
     "make",
     [lambda tmp: [DPSCallback(decay=0.7)], lambda tmp: [HistoryResamplingCallback(seed=3)], lambda tmp: [_dots(tmp)],
      lambda tmp: [DPSCallback(), ReplayCallback(delta=0.5, capacity=8)], lambda tmp: [DPSCallback(candidate_ratio=3)],
-     lambda tmp: [MoPPSCallback(candidate_ratio=4)], lambda tmp: [GRESOCallback(initial_p=0.2)]],
-    ids=["dps", "history", "dots", "dps+replay", "dps-candidates", "mopps", "greso"],
+     lambda tmp: [MoPPSCallback(candidate_ratio=4)], lambda tmp: [GRESOCallback(initial_p=0.2)],
+     lambda tmp: [DynamicSamplingCallback(max_rounds=3)], lambda tmp: [ReplayCallback(delta=0.5, capacity=8)],
+     lambda tmp: [DPSCallback(), DynamicSamplingCallback(max_rounds=3)],
+     lambda tmp: [_dots(tmp), ReplayCallback(delta=0.5, capacity=8)],
+     lambda tmp: [_dots(tmp), DynamicSamplingCallback(max_rounds=3)]],
+    ids=["dps", "history", "dots", "dps+replay", "dps-candidates", "mopps", "greso", "dynamic-sampling", "replay",
+         "dps+dynamic-sampling", "dots+replay", "dots+dynamic-sampling"],
 )
 def test_resume_selects_exactly_what_the_uninterrupted_run_selects(tmp_path, make):
     full, full_module = _fit(tmp_path / "full", make(tmp_path), steps=6)
@@ -102,6 +108,24 @@ def test_resume_selects_exactly_what_the_uninterrupted_run_selects(tmp_path, mak
     if "replay" in str(make(tmp_path)):
         assert any(full.replayed[3:]), "nothing was replayed: the test would not see a buffer mismatch"
     assert module.budget.completions == full_module.budget.completions
+    # fit 6 == fit 3 + resume 3, to the bit: weights and the callbacks' selection state
+    for (name, a), (_, b) in zip(full_module.policy.state_dict().items(), module.policy.state_dict().items()):
+        assert torch.equal(a, b), name
+    np.testing.assert_equal(_selection_state(module.trainer), _selection_state(full_module.trainer))  # NaN == NaN
+
+
+def _selection_state(trainer) -> list:
+    """Every stateful callback's checkpoint state, with arrays and tensors as lists (comparable with ==)."""
+    def plain(obj):
+        if isinstance(obj, dict):
+            return {k: plain(v) for k, v in obj.items() if k not in ("seconds", "wall_s", "time_s")}
+        if isinstance(obj, (list, tuple)):
+            return [plain(v) for v in obj]
+        if isinstance(obj, (np.ndarray, torch.Tensor)):
+            return obj.tolist()
+        return obj
+
+    return [plain(cb.state_dict()) for cb in trainer.callbacks if cb.state_dict()]
 
 
 def test_callback_state_round_trips(tmp_path):

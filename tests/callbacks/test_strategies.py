@@ -147,3 +147,37 @@ def test_mopps_and_greso_in_a_trainer_log_their_telemetry(tmp_path):
     m = trainer.callback_metrics
     assert float(m["greso/zero_variance_hard"]) == 1.0 and float(m["greso/skipped_hard"]) > 0
     assert float(m["greso/p_hard"]) == 0.0
+
+
+def _degenerate_strategies(tmp):
+    from lit_rlft.callbacks import GRESOCallback, MoPPSCallback
+
+    return {
+        "uniform": [],
+        "dps": [DPSCallback()],
+        "dots": [DOTSCallback(reference_size=8, update_every=2, online_steps_per_update=2,
+                              cache_dir=str(tmp / "c"))],
+        "dynamic_sampling": [DynamicSamplingCallback(max_rounds=2)],
+        "replay": [ReplayCallback(delta=0.5, capacity=8)],
+        "dps+replay": [DPSCallback(), ReplayCallback(delta=0.5, capacity=8)],
+        "mopps": [MoPPSCallback(candidate_ratio=2)],
+        "greso": [GRESOCallback()],
+    }
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0], ids=["all-unsolved", "all-solved"])
+@pytest.mark.parametrize("name", ["uniform", "dps", "dots", "dynamic_sampling", "replay", "dps+replay", "mopps",
+                                  "greso"])
+def test_degenerate_data_keeps_running_and_says_there_is_no_signal(tmp_path, name, p):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module, trainer = _fit(tmp_path, _degenerate_strategies(tmp_path)[name], steps=3, p=p)
+    assert module.rollout_step == 3
+    assert all(torch.isfinite(q).all() for q in module.policy.parameters())
+    m = trainer.callback_metrics
+    assert float(m["batch/no_signal"]) == 1.0 and float(m["effective_ratio"]) == 0.0
+    non_finite = {k: float(v) for k, v in m.items() if not torch.isfinite(torch.as_tensor(v, dtype=torch.float32))}
+    assert non_finite == {}, non_finite  # nothing divided by zero
+    assert any("carries no learning signal" in str(w.message) for w in caught)
