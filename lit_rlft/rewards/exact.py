@@ -1,4 +1,7 @@
-"""Exact-match reward: the stripped completion must equal the stripped gold answer."""
+"""Exact-match reward: the stripped completion must equal the stripped gold answer.
+
+Limits: none needed; a string comparison, linear in the completion's length, parses nothing.
+"""
 
 from __future__ import annotations
 
