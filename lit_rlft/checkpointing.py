@@ -1,12 +1,30 @@
-"""Checkpoint-safe state: Lightning loads checkpoints with ``torch.load(weights_only=True)``, which refuses numpy
-arrays. Strategy cores keep numpy state; these helpers wrap arrays as tensors on the way in and back out."""
+"""Checkpoints: state that loads weights-only, files written atomically, and unreadable files reported in one line.
+
+- Lightning loads checkpoints with ``torch.load(weights_only=True)``, which refuses numpy arrays. Strategy cores keep
+  numpy state; :func:`encode_state` / :func:`decode_state` wrap arrays as tensors on the way in and back out.
+- :class:`AtomicCheckpointIO` writes a single-file checkpoint to ``<path>.tmp-<pid>``, fsyncs it and renames it over
+  ``<path>``: a run killed mid-save leaves the previous checkpoint (or none), never a truncated one.
+  :func:`use_atomic_checkpoint_io` installs it on a Trainer's or Fabric's strategy (``lit-rlft`` does by default).
+  Distributed checkpoints (FSDP2 through ``ModelParallelStrategy``) are directories: ``torch.distributed.checkpoint``
+  writes the shards, then its ``.metadata`` file (through a temporary name), then Lightning's rank 0 writes
+  ``meta.pt`` (the non-tensor state, a plain ``torch.save``). A directory missing either, or with a truncated
+  ``meta.pt``, is an unfinished save, which :func:`check_checkpoint` reports.
+- :func:`check_checkpoint` and :func:`describe_load_error` turn a missing, truncated or foreign checkpoint into one
+  line naming the path (:class:`CheckpointError`), instead of torch's unpickling message.
+"""
 
 from __future__ import annotations
 
+import os
+import pickle
+import re
+import zipfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 _TAG = "__ndarray__"
 
@@ -35,3 +53,156 @@ def decode_state(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(decode_state(v) for v in obj)
     return obj
+
+
+# ------------------------------------------------------------------------------------------ unreadable checkpoints
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, truncated, unfinished or not a lit_rlft / Lightning checkpoint; the message is
+    one line naming the path."""
+
+
+#: ``ckpt_path`` values Lightning resolves itself (not file paths).
+SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
+_DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index, written after every shard
+_LIGHTNING_META = "meta.pt"  # Lightning's non-tensor state beside the shards, written last
+
+
+def is_local_checkpoint_path(ckpt_path: Any) -> bool:
+    """Whether ``ckpt_path`` names a local file or directory (not ``last`` / ``best`` / ``registry:...`` or a URL)."""
+    text = str(ckpt_path)
+    return bool(text) and text.split(":", 1)[0] not in SPECIAL_CKPT_PATHS and "://" not in text
+
+
+def check_checkpoint(path: str | os.PathLike) -> None:
+    """Cheap structural check before loading: the path exists; a file is a complete torch zip archive; a directory
+    is a finished distributed (DCP) checkpoint. Nothing is unpickled.
+
+    Raises:
+        CheckpointError: one line naming the path and what is wrong.
+    """
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
+    if p.is_dir():
+        _check_directory(p, str(path))
+        return
+    reason = _file_problem(p)
+    if reason:
+        raise CheckpointError(_unreadable(path, reason))
+
+
+def _check_directory(path: Path, shown: str) -> None:
+    """A distributed checkpoint: DCP's ``.metadata`` and Lightning's ``meta.pt``, the latter a complete file."""
+    for name in (_DCP_METADATA, _LIGHTNING_META):
+        if not (path / name).is_file():
+            raise CheckpointError(
+                f"checkpoint directory {shown!r} has no {name} file: not a Lightning distributed (FSDP2 / DCP) "
+                "checkpoint, or its save did not finish"
+            )
+    reason = _file_problem(path / _LIGHTNING_META)
+    if reason:
+        raise CheckpointError(_unreadable(f"{shown}/{_LIGHTNING_META}", reason))
+
+
+def _file_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be a torch checkpoint, or ``None`` when it looks like one."""
+    size = path.stat().st_size
+    if size == 0:
+        return "the file is empty"
+    if zipfile.is_zipfile(path):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = archive.namelist()
+        except (zipfile.BadZipFile, OSError) as e:
+            return f"bad zip archive: {e}"
+        if not any(name.endswith("data.pkl") for name in names):
+            return "a zip archive without torch's data.pkl"
+        return None
+    with path.open("rb") as f:
+        if f.read(1) == b"\x80":  # torch's legacy (non-zip) format starts with a pickle protocol byte
+            return None
+    return f"no zip end-of-archive record in its {size} bytes"
+
+
+def _unreadable(path: str | os.PathLike, reason: str) -> str:
+    return f"checkpoint {str(path)!r} is not a lit_rlft / Lightning checkpoint, or is truncated ({reason})"
+
+
+_UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+
+
+def describe_load_error(path: str | os.PathLike, error: BaseException) -> str:
+    """One line for ``torch.load``'s failure on ``path``; never advises ``weights_only=False``."""
+    text = str(error)
+    found = _UNSUPPORTED_GLOBAL.search(text)
+    if found:
+        return (f"checkpoint {str(path)!r} holds a {found.group(1)} object, which a weights-only load refuses: it was "
+                "not written by lit_rlft (a callback or module that stores custom objects in its state?)")
+    first = text.strip().splitlines()[0][:160] if text.strip() else ""
+    return _unreadable(path, f"{type(error).__name__}: {first}" if first else type(error).__name__)
+
+
+# ------------------------------------------------------------------------------------------ atomic writes
+def atomic_save(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save(obj)`` to ``<path>.tmp-<pid>``, fsync, then ``os.replace`` onto ``path`` (and fsync the folder).
+
+    A failure or a kill before the rename leaves ``path`` as it was; the temporary file is removed on any exception.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    try:
+        with tmp.open("wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(target.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make the rename durable (best effort: not every OS or file system lets a directory be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's ``TorchCheckpointIO`` with atomic, fsynced local writes (:func:`atomic_save`) and one-line errors
+    for unreadable checkpoints (:func:`check_checkpoint`, :func:`describe_load_error`). Remote paths (``s3://``...)
+    go through Lightning's own code."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        if storage_options is not None or not is_local_checkpoint_path(path):
+            super().save_checkpoint(checkpoint, path, storage_options=storage_options)
+            return
+        atomic_save(checkpoint, path)
+
+    def load_checkpoint(self, path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if not is_local_checkpoint_path(path):
+            return super().load_checkpoint(path, *args, **kwargs)
+        check_checkpoint(path)
+        try:
+            return super().load_checkpoint(path, *args, **kwargs)
+        except (RuntimeError, pickle.UnpicklingError, EOFError, KeyError, ValueError, zipfile.BadZipFile) as e:
+            raise CheckpointError(describe_load_error(path, e)) from e
+
+
+def use_atomic_checkpoint_io(strategy: Any) -> None:
+    """Install :class:`AtomicCheckpointIO` on a Trainer's or Fabric's ``strategy`` where it would use Lightning's
+    plain ``TorchCheckpointIO`` (also inside a wrapper such as ``AsyncCheckpointIO``); a custom one is kept."""
+    io = getattr(strategy, "checkpoint_io", None)
+    if type(io) is TorchCheckpointIO:
+        strategy.checkpoint_io = AtomicCheckpointIO()
+    elif type(getattr(io, "checkpoint_io", None)) is TorchCheckpointIO:
+        io.checkpoint_io = AtomicCheckpointIO()

@@ -2,24 +2,166 @@
 
     lit-rlft fit --config configs/countdown_tiny.yaml          # GRPO (LightningCLI: fit | validate)
     lit-rlft fit --config configs/countdown_tiny.yaml --print_config
+    lit-rlft validate --config configs/countdown_tiny.yaml --ckpt_path runs/.../last.ckpt
     lit-rlft sft --config configs/sft_countdown_tiny.yaml      # supervised warm start, saves an HF checkpoint
     lit-rlft dots-adapters --pairs pairs.jsonl --embedding-model PATH --out adapters.pt
+
+What the CLI adds to LightningCLI: a help that lists every command; one-line errors (``lit-rlft fit: error: ...``,
+exit status 2) for bad options, constructor arguments, model paths, data files and checkpoints, all before training
+step 0 (``LIT_RLFT_DEBUG=1`` shows the full traceback instead); a ``--ckpt_path`` that is checked before it is
+loaded; and atomic checkpoint writes (:class:`~lit_rlft.checkpointing.AtomicCheckpointIO`).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any, NoReturn
 
-from lightning.pytorch.cli import LightningCLI
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from lit_rlft.checkpointing import (
+    CheckpointError,
+    check_checkpoint,
+    describe_load_error,
+    is_local_checkpoint_path,
+    use_atomic_checkpoint_io,
+)
+from lit_rlft.cli_errors import condense_parser_error, describe_constructor_error
 from lit_rlft.data.datamodule import PromptDataModule
+from lit_rlft.data.sources import DataValidationError
+from lit_rlft.models.loading import ModelSourceError
 from lit_rlft.module import GRPOModule
 from lit_rlft.sft import SFTDataModule, SFTModule
 
+PROG = "lit-rlft"
+#: Every command, with the line ``lit-rlft --help`` shows for it.
+COMMANDS = {
+    "fit": "train a policy with GRPO (--config, --print_config)",
+    "validate": "held-out evaluation (data.val) of a policy or a --ckpt_path",
+    "sft": "supervised warm start: writes the HF model a GRPO config loads",
+    "dots-adapters": "train DOTS' adapters offline from (prompt, success rate) pairs",
+}
+_NOT_OFFERED = {
+    "test": "GRPOModule has no test_step",
+    "predict": "GRPOModule has no predict_step (generation runs inside fit and validate)",
+}
+_USAGE = f"usage: {PROG} <command> [options]"
+_EPILOG = (
+    f"`{PROG} <command> --help` lists a command's options. Not offered: test and predict\n"
+    f"(`{PROG} validate` is the held-out evaluation).\n"
+    "The strategy study runs from the repository root: python -m benchmarks.study --help"
+)
+#: Errors whose message is the whole story: printed as one line, no traceback.
+USER_ERRORS = (ModelSourceError, DataValidationError, CheckpointError)
+#: What a constructor raises for a bad argument (printed as one line naming the class).
+_ARGUMENT_ERRORS = (ValueError, TypeError, OSError, MisconfigurationException)
 _CLI_KWARGS = dict(save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False)
+
+
+def _debug() -> bool:
+    """``LIT_RLFT_DEBUG=1`` (or jsonargparse's ``JSONARGPARSE_DEBUG``): full tracebacks instead of one line."""
+    flags = (os.environ.get("LIT_RLFT_DEBUG", ""), os.environ.get("JSONARGPARSE_DEBUG", ""))
+    return any(v.lower() not in ("", "0", "false") for v in flags)
+
+
+def fail(prog: str, message: str) -> NoReturn:
+    """Print ``<prog>: error: <message>`` on stderr and exit with status 2 (argparse's convention)."""
+    sys.stderr.write(f"{prog}: error: {message}\n")
+    raise SystemExit(2)
+
+
+class LitArgumentParser(LightningArgumentParser):
+    """LightningArgumentParser whose errors are one line (:func:`~lit_rlft.cli_errors.condense_parser_error`)
+    instead of the usage (a hundred lines) and jsonargparse's dump of every type an option accepts."""
+
+    #: The parser of the subcommand on the command line (set by :class:`LitCLI`): names the command in errors that
+    #: jsonargparse raises from the main parser, and offers its options as did-you-mean candidates.
+    command_parser: LightningArgumentParser | None = None
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error or _debug():
+            super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self.command_parser or self
+        prog = parser.prog.replace(" [options]", "")
+        options = [a.dest for a in parser._actions if isinstance(a.dest, str)]
+        fail(prog, condense_parser_error(message, prog, options))
+
+
+class LitCLI(LightningCLI):
+    """LightningCLI for lit_rlft: the ``fit`` and ``validate`` commands (``test`` / ``predict`` are not offered:
+    GRPOModule has no ``test_step`` / ``predict_step``), one-line errors, a checked ``ckpt_path`` and atomic
+    checkpoint writes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("parser_class", LitArgumentParser)
+        super().__init__(*args, **kwargs)
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        return {k: v for k, v in LightningCLI.subcommands().items() if k in ("fit", "validate")}
+
+    def _ckpt_path(self) -> Any:
+        section = self.config.get("subcommand")
+        return (self.config[section] if section else self.config).get("ckpt_path")
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """Parse, then check ``ckpt_path`` (before LightningCLI reads hyper-parameters from it)."""
+        argv = sys.argv[1:] if args is None else args
+        if isinstance(parser, LitArgumentParser) and isinstance(argv, list):
+            command = next((a for a in argv if a in self.subcommands()), None)
+            parser.command_parser = getattr(self, "_subcommand_parsers", {}).get(command)
+        super().parse_arguments(parser, args)
+        path = self._ckpt_path()
+        if path and is_local_checkpoint_path(path):
+            try:
+                check_checkpoint(path)
+            except CheckpointError as e:
+                fail(self._prog(), f"--ckpt_path: {e}")
+
+    def _parse_ckpt_path(self) -> None:
+        """LightningCLI (2.6) unpickles ``ckpt_path`` here for its hyper-parameters: a corrupt file is one line."""
+        parse = getattr(super(), "_parse_ckpt_path", None)
+        if parse is None:
+            return
+        try:
+            parse()
+        except Exception as e:  # only torch.load runs here besides the parser, which exits by itself
+            fail(self._prog(), f"--ckpt_path: {describe_load_error(self._ckpt_path(), e)}")
+
+    def instantiate_classes(self) -> None:
+        """Instantiate the config; a constructor's argument error is one line naming the class."""
+        try:
+            super().instantiate_classes()
+        except USER_ERRORS:
+            raise
+        except _ARGUMENT_ERRORS as e:
+            if _debug():
+                raise
+            fail(self._prog(), describe_constructor_error(e))
+
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        """The Trainer, writing single-file checkpoints atomically (``AtomicCheckpointIO``) unless a custom checkpoint
+        IO plugin is given."""
+        trainer = super().instantiate_trainer(**kwargs)
+        use_atomic_checkpoint_io(trainer.strategy)
+        return trainer
+
+    def _prog(self) -> str:
+        section = self.config.get("subcommand") if getattr(self, "config", None) is not None else None
+        return f"{self.parser.prog} {section}" if section else self.parser.prog
+
+
+class SFTCLI(LitCLI):
+    """``lit-rlft sft``: no subcommand (it always fits), ``--ckpt_path`` to resume."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument("--ckpt_path", type=str | None, default=None,
+                            help="resume from this checkpoint (a .ckpt file written by the Trainer)")
 
 
 @contextmanager
@@ -35,14 +177,20 @@ def _explicit_args(args: list[str] | None) -> Iterator[None]:
 
 def grpo_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
     """GRPO through LightningCLI (``fit`` / ``validate`` subcommands when ``run``)."""
+    parser_kwargs: dict[str, Any] = {"prog": PROG}
+    if run:
+        parser_kwargs.update({name: {"description": COMMANDS[name]} for name in ("fit", "validate")})
     with _explicit_args(args):
-        return LightningCLI(GRPOModule, PromptDataModule, args=args, run=run, **_CLI_KWARGS)
+        return LitCLI(GRPOModule, PromptDataModule, args=args, run=run, parser_kwargs=parser_kwargs, **_CLI_KWARGS)
 
 
 def sft_cli(args: list[str] | None = None) -> LightningCLI:
-    """Supervised warm start: ``lit-rlft sft --config ...`` runs ``fit`` of :class:`SFTModule`."""
+    """Supervised warm start: ``lit-rlft sft --config ...`` fits :class:`SFTModule` and writes its HF checkpoint."""
     with _explicit_args(args or []):
-        return LightningCLI(SFTModule, SFTDataModule, args=["fit", *(args or [])], **_CLI_KWARGS)
+        cli = SFTCLI(SFTModule, SFTDataModule, args=args or [], run=False,
+                     parser_kwargs={"prog": f"{PROG} sft", "description": COMMANDS["sft"]}, **_CLI_KWARGS)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.get("ckpt_path"))
+    return cli
 
 
 def dots_adapters_cli(args: list[str] | None = None) -> None:
@@ -52,15 +200,46 @@ def dots_adapters_cli(args: list[str] | None = None) -> None:
     dots_adapters_main(args)
 
 
-_COMMANDS = {"sft": sft_cli, "dots-adapters": dots_adapters_cli}
+_DISPATCH = {"sft": sft_cli, "dots-adapters": dots_adapters_cli}
+
+
+def top_level_help() -> str:
+    """``lit-rlft --help``: every command with its line (each command parses its own options)."""
+    width = max(map(len, COMMANDS)) + 2
+    rows = "\n".join(f"  {name:<{width}}{text}" for name, text in COMMANDS.items())
+    return (f"{_USAGE}\n\nGRPO reinforcement fine-tuning of LLMs on PyTorch Lightning.\n\ncommands:\n{rows}\n\n"
+            f"{_EPILOG}\n")
+
+
+def _check_command(argv: list[str]) -> None:
+    """Top-level help and unknown commands; anything starting with an option goes to LightningCLI as before."""
+    head = argv[0] if argv else None
+    if head in ("-h", "--help"):
+        sys.stdout.write(top_level_help())
+        raise SystemExit(0)
+    if head is None:
+        sys.stderr.write(_USAGE + "\n")
+        fail(PROG, f"a command is required: {', '.join(COMMANDS)} (see `{PROG} --help`)")
+    if head in _NOT_OFFERED:
+        fail(PROG, f"'{head}' is not offered: {_NOT_OFFERED[head]}; `{PROG} validate` runs the held-out "
+                   "evaluation (data.val)")
+    if not head.startswith("-") and head not in COMMANDS:
+        fail(PROG, f"unknown command {head!r}: choose from {', '.join(COMMANDS)} (see `{PROG} --help`)")
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in _COMMANDS:
-        _COMMANDS[argv[0]](argv[1:])
-        return
-    grpo_cli(argv)
+    _check_command(argv)
+    command = argv[0] if argv[0] in COMMANDS else None
+    try:
+        if command in _DISPATCH:
+            _DISPATCH[command](argv[1:])
+        else:
+            grpo_cli(argv)
+    except USER_ERRORS as e:
+        if _debug():
+            raise
+        fail(f"{PROG} {command}" if command else PROG, str(e))
 
 
 if __name__ == "__main__":

@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     p.add_argument("--cache-dir", default=".cache/lit_rlft/embeddings")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
+    if not a.pairs.is_file():
+        p.error(f"--pairs: {a.pairs} does not exist")
     prompts, rates = read_pairs(a.pairs, a.prompt_field, a.rate_field)
     if len(prompts) < 10:
         raise SystemExit(f"{a.pairs}: {len(prompts)} distinct prompts; need at least 10")

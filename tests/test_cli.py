@@ -12,7 +12,7 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lit_rlft.cli import main
-from tests.conftest import TINY_SMALL
+from tests.conftest import REPO, TINY_SMALL
 
 EXPECTED_SCALARS = [
     "reward", "reward_std", "frac_reward_zero_std", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean",
@@ -110,3 +110,187 @@ def test_the_engine_is_chosen_in_yaml(tmp_path):
     cli = grpo_cli(["--config", str(_config(tmp_path)), "--model.engine", "lit_rlft.rollout.HFEngine",
                     "--model.engine.max_batch_size", "3"], run=False)
     assert isinstance(cli.model.engine, HFEngine) and cli.model.engine.max_batch_size == 3
+
+
+# -- the whole surface -------------------------------------------------------------------------------------------
+def test_top_level_help_lists_every_command_with_one_line(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: lit-rlft <command> [options]\n")
+    commands = [line.split()[0] for line in out.split("commands:\n")[1].split("\n\n")[0].splitlines()]
+    assert commands == ["fit", "validate", "sft", "dots-adapters"]
+    assert "  validate       held-out evaluation (data.val) of a policy or a --ckpt_path\n" in out
+    assert "Not offered: test and predict" in out and "python -m benchmarks.study --help" in out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    ([], "lit-rlft: error: a command is required: fit, validate, sft, dots-adapters (see `lit-rlft --help`)"),
+    (["predict", "--config", "x.yaml"], "lit-rlft: error: 'predict' is not offered: GRPOModule has no predict_step "
+     "(generation runs inside fit and validate); `lit-rlft validate` runs the held-out evaluation (data.val)"),
+    (["test"], "lit-rlft: error: 'test' is not offered: GRPOModule has no test_step; `lit-rlft validate` runs the "
+     "held-out evaluation (data.val)"),
+    (["fitt"], "lit-rlft: error: unknown command 'fitt': choose from fit, validate, sft, dots-adapters "
+     "(see `lit-rlft --help`)"),
+])
+def test_missing_unknown_and_unoffered_commands(capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == message
+
+
+@pytest.mark.parametrize(("argv", "usage"), [
+    (["sft", "--help"], "usage: lit-rlft sft "),
+    (["dots-adapters", "--help"], "usage: lit-rlft dots-adapters "),
+    (["fit", "--help"], "usage: lit-rlft [options] fit "),
+    (["validate", "--help"], "usage: lit-rlft [options] validate "),
+])
+def test_each_command_help_names_the_command(capsys, argv, usage):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.startswith(usage)
+
+
+def test_validate_runs_the_held_out_evaluation(tmp_path):
+    from lit_rlft.cli import grpo_cli
+
+    cli = grpo_cli(["validate", "--config", str(_config(tmp_path))])
+    assert cli.trainer.callback_metrics["val/n/accuracy"] == 8
+
+
+# -- one-line errors ---------------------------------------------------------------------------------------------
+def _error(capsys, argv: list[str]) -> str:
+    """The CLI's stderr for ``argv``, which must exit with status 2 after one line."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line and not line.startswith("Seed set")]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+DPS_OPTIONS = "decay, prior, entropy_bonus, confusion_every_n_steps, cold_start, candidate_ratio, seed"
+
+
+def test_unknown_callback_option_on_the_command_line(tmp_path, capsys):
+    err = _error(capsys, ["fit", "--config", str(_config(tmp_path)),
+                          "--trainer.callbacks+=lit_rlft.callbacks.DPSCallback", "--trainer.callbacks.init_args.bogus=1"])
+    assert err == (f"lit-rlft fit: error: trainer.callbacks (lit_rlft.callbacks.DPSCallback): unknown option 'bogus'; "
+                   f"valid options: {DPS_OPTIONS}")
+
+
+def _edited(tmp_path: Path, edit) -> str:
+    path = _config(tmp_path)
+    cfg = yaml.safe_load(path.read_text())
+    edit(cfg)
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def test_wrong_type_for_a_callback_option_in_yaml(tmp_path, capsys):
+    cfg = _edited(tmp_path, lambda c: c["trainer"]["callbacks"][0]["init_args"].update(every_n_steps="often"))
+    assert _error(capsys, ["fit", "--config", cfg]) == (
+        "lit-rlft fit: error: trainer.callbacks (lit_rlft.callbacks.CompletionLogger): option 'every_n_steps': "
+        "expected int, got 'often'")
+
+
+def test_misspelt_option_of_a_class_in_yaml_gets_the_closest_one(tmp_path, capsys):
+    cfg = _edited(tmp_path, lambda c: c["data"]["train"]["init_args"].update(sise=3))
+    err = _error(capsys, ["fit", "--config", cfg])
+    assert err.startswith("lit-rlft fit: error: data.train (lit_rlft.data.CountdownTask): unknown option 'sise' "
+                          "(did you mean 'size'?); valid options: size, num_numbers, ")
+
+
+def test_plain_option_typos_and_types_keep_jsonargparse_messages(tmp_path, capsys):
+    cfg = _edited(tmp_path, lambda c: c["model"].update(num_generation=4))
+    err = _error(capsys, ["fit", "--config", cfg])  # jsonargparse's wording: Group 'model' ... or Subcommand 'fit' ...
+    assert err.startswith("lit-rlft fit: error: ") and "does not accept option '" in err
+    assert err.endswith("num_generation': did you mean 'model.num_generations'? (see `lit-rlft fit --help`)")
+    assert _error(capsys, ["fit", "--config", str(_config(tmp_path)), "--model.num_generationz", "4"]) == (
+        "lit-rlft fit: error: unrecognized arguments: --model.num_generationz 4: did you mean "
+        "--model.num_generations? (see `lit-rlft fit --help`)")
+    assert _error(capsys, ["fit", "--config", str(_config(tmp_path)), "--model.num_generations", "four"]) == (
+        "lit-rlft fit: error: model.num_generations: expected int, got 'four'")
+    assert _error(capsys, ["fit", "--config", str(_config(tmp_path)), "--model.loss_type", "ppo"]) == (
+        "lit-rlft fit: error: model.loss_type: expected one of 'grpo', 'dapo', 'dr_grpo', got 'ppo'")
+
+
+def test_constructor_errors_name_the_class(tmp_path, capsys):
+    cfg = str(_config(tmp_path))
+    assert _error(capsys, ["fit", "--config", cfg, "--model.num_generations", "1"]) == (
+        "lit-rlft fit: error: model (lit_rlft.module.GRPOModule): num_generations must be >= 2 for group-relative "
+        "advantages, got 1")
+    assert _error(capsys, ["fit", "--config", cfg, "--trainer.callbacks+=lit_rlft.callbacks.DPSCallback",
+                           "--trainer.callbacks.candidate_ratio=-1"]) == (
+        "lit-rlft fit: error: trainer.callbacks (lit_rlft.callbacks.dps.DPSCallback): `candidate_ratio` must be an "
+        "integer >= 1 or None (the whole pool), got -1")
+
+
+def test_sft_errors_name_the_sft_command(capsys):
+    assert _error(capsys, ["sft", "--model.bogus", "1"]).startswith(
+        "lit-rlft sft: error: unrecognized arguments: --model.bogus 1")
+    sft = str(REPO / "configs" / "sft_countdown_tiny.yaml")
+    assert _error(capsys, ["sft", "--config", sft, "--model.lora.r", "0"]) == (
+        "lit-rlft sft: error: lit_rlft.models.loading.LoRAConfig: lora.r must be >= 1, got 0")
+    assert _error(capsys, ["sft", "--config", sft, "--model.model", "/no/such/model"]) == (
+        "lit-rlft sft: error: model path '/no/such/model' does not exist")
+
+
+# -- model paths, data files and checkpoints, before step 0 ------------------------------------------------------
+def test_missing_model_path_is_one_line_before_training(tmp_path, capsys):
+    missing = tmp_path / "runs" / "sft" / "model"
+    err = _error(capsys, ["fit", "--config", str(_config(tmp_path)), "--model.model", str(missing)])
+    assert err == (f"lit-rlft fit: error: model path '{missing}' does not exist: it looks like the output of "
+                   "`lit-rlft sft` (model.output_dir); run the SFT warm start first")
+    assert not (tmp_path / "tb").exists()  # nothing ran
+
+
+def test_the_readme_demo_before_its_warm_start_says_to_run_sft(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    if Path("runs/sft/model").exists():
+        pytest.skip("the SFT warm start has been run in this checkout")
+    assert _error(capsys, ["fit", "--config", "configs/countdown_tiny.yaml"]) == (
+        "lit-rlft fit: error: model path 'runs/sft/model' does not exist: it is written by the SFT warm start; run "
+        "`lit-rlft sft --config configs/sft_countdown_tiny.yaml` first")
+
+
+def test_empty_data_file_is_one_line_naming_the_option_and_file(tmp_path, capsys):
+    empty = tmp_path / "train.jsonl"
+    empty.write_text("")
+    err = _error(capsys, ["fit", "--config", str(_config(tmp_path)), "--data.train", str(empty)])
+    assert err == (f"lit-rlft fit: error: data.train: data file '{empty}' holds no records (it is empty, or only "
+                   "blank lines)")
+
+
+def test_checkpoints_are_written_atomically_and_bad_ones_refused_in_one_line(tmp_path, capsys):
+    from lit_rlft.checkpointing import AtomicCheckpointIO
+    from lit_rlft.cli import grpo_cli
+
+    every_2 = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+               "init_args": {"dirpath": str(tmp_path / "ckpts"), "every_n_train_steps": 2}}
+    cfg = _edited(tmp_path, lambda c: c["trainer"].update(enable_checkpointing=True, max_steps=2, logger=False,
+                                                          callbacks=[every_2]))
+    cli = grpo_cli(["fit", "--config", cfg])
+    assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+    (saved,) = (tmp_path / "ckpts").iterdir()
+    assert saved.name == "epoch=0-step=2.ckpt"  # and no <name>.tmp-<pid> left beside it
+    grpo_cli(["validate", "--config", cfg, "--ckpt_path", str(saved)])  # a good one loads
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(saved.read_bytes()[:4096])
+    assert _error(capsys, ["fit", "--config", cfg, "--ckpt_path", str(truncated)]) == (
+        f"lit-rlft fit: error: --ckpt_path: checkpoint '{truncated}' is not a lit_rlft / Lightning checkpoint, or is "
+        "truncated (no zip end-of-archive record in its 4096 bytes)")
+    corrupt = tmp_path / "corrupt.ckpt"
+    data = bytearray(saved.read_bytes())
+    start = data.index(b"data.pkl") + 40
+    data[start : start + 20] = b"\xff" * 20  # the archive's directory intact, its pickle not
+    corrupt.write_bytes(bytes(data))
+    err = _error(capsys, ["validate", "--config", cfg, "--ckpt_path", str(corrupt)])
+    assert err.startswith(f"lit-rlft validate: error: --ckpt_path: checkpoint '{corrupt}' is not a lit_rlft / "
+                          "Lightning checkpoint, or is truncated (")
+    assert "weights_only" not in err
+    assert _error(capsys, ["fit", "--config", cfg, "--ckpt_path", str(tmp_path / "nope.ckpt")]) == (
+        f"lit-rlft fit: error: --ckpt_path: checkpoint '{tmp_path / 'nope.ckpt'}' does not exist")

@@ -11,6 +11,7 @@ from lit_rlft.callbacks import DOTSCallback, SuccessRateRecorder
 from lit_rlft.cli import main
 from lit_rlft.data.sources import DataValidationError
 from lit_rlft.data.tasks import CountdownTask
+from lit_rlft.dots_adapters import main as dots_adapters_main
 from lit_rlft.models.tiny import TinyConfig, save_tiny_policy
 from lit_rlft.selection.dots import load_predictor
 from tests.conftest import TINY_SMALL, countdown_dm, tiny_module, tiny_trainer
@@ -47,8 +48,22 @@ def test_dots_adapters_cli_trains_and_the_callback_loads_them(tmp_path):
     assert cb.strategy is not None
 
 
-def test_bad_pairs_file_names_the_line(tmp_path):
+def test_bad_pairs_file_names_the_line(tmp_path, capsys):
     pairs = tmp_path / "bad.jsonl"
     pairs.write_text('{"prompt": "1 2>3=", "success_rate": 0.5}\n{"prompt": "x"}\n')
     with pytest.raises(DataValidationError, match="bad.jsonl:2"):
+        dots_adapters_main(["--pairs", str(pairs), "--embedding-model", "x", "--out", str(tmp_path / "o.pt")])
+    with pytest.raises(SystemExit) as exc:  # the command line: the same message, one line, status 2
         main(["dots-adapters", "--pairs", str(pairs), "--embedding-model", "x", "--out", str(tmp_path / "o.pt")])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == (f"lit-rlft dots-adapters: error: {pairs}:2: needs 'prompt' and a numeric "
+                                       "'success_rate' ('success_rate')\n")
+
+
+def test_missing_pairs_file_is_one_line(tmp_path, capsys):
+    missing = tmp_path / "none.jsonl"
+    with pytest.raises(SystemExit) as exc:
+        main(["dots-adapters", "--pairs", str(missing), "--embedding-model", "x", "--out", str(tmp_path / "o.pt")])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (f"lit-rlft dots-adapters: error: --pairs: {missing} does "
+                                                        "not exist")

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from lit_rlft.checkpointing import decode_state, encode_state
 from lit_rlft.data.plan import BatchPlan
 from lit_rlft.data.pool import PromptPool, build_pool
-from lit_rlft.data.sources import load_records
+from lit_rlft.data.sources import DataValidationError, load_records
 from lit_rlft.data.tasks import Task
 from lit_rlft.data.templates import render_prompt
 
@@ -83,7 +83,9 @@ class PromptDataModule(L.LightningDataModule):
         batch_size: prompts per training step (``B``); each is rolled out ``num_generations`` times.
         val_batch_size: prompts per validation batch.
         val_size: use only the first ``val_size`` validation prompts (``None``: all).
-        max_prompt_length: prompts longer than this many tokens are rejected before training.
+        max_prompt_length: prompts longer than this many tokens are rejected before training: every prompt is
+            tokenised once when both the pool and the tokenizer are there (``setup``), and the error names how many
+            are too long and the first one's origin (``file:line``).
         seed: seed of the default uniform batch order.
         num_workers: loader workers (the train loader carries step tokens only, so this is rarely useful;
             selection stays exact with any value because prompts are resolved when the step runs).
@@ -127,30 +129,58 @@ class PromptDataModule(L.LightningDataModule):
         self.val_pool: PromptPool | None = None
         self.plan: BatchPlan | None = None
         self._token_cache: dict[tuple[str, int], list[int]] = {}
+        self._length_checked: set[str] = set()  # splits whose every prompt is tokenised and within the limit
         self._pending_state: dict[str, Any] | None = None
 
     # -- building the pools -------------------------------------------------------------------------------
-    def _load(self, source: str | Task, split: str) -> PromptPool:
-        records = source.records() if isinstance(source, Task) else load_records(source, split=split)
-        return build_pool(records, **self.fields)
+    def _load(self, source: str | Task, split: str, option: str) -> PromptPool:
+        """The pool of ``source``; a data error is prefixed with the option that names the source."""
+        try:
+            records = source.records() if isinstance(source, Task) else load_records(source, split=split)
+            return build_pool(records, **self.fields)
+        except DataValidationError as e:
+            raise DataValidationError(f"{option}: {e}") from e
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_pool is None and stage in (None, "fit"):
-            self.train_pool = self._load(self.train_source, self.train_split)
+            self.train_pool = self._load(self.train_source, self.train_split, "data.train")
             self.plan = BatchPlan(len(self.train_pool), self.batch_size, seed=self.seed)
             if self._pending_state is not None:
                 self.plan.load_state_dict(self._pending_state)
                 self._pending_state = None
         if self.val_pool is None and self.val_source is not None:
-            pool = self._load(self.val_source, self.val_split)
+            pool = self._load(self.val_source, self.val_split, "data.val")
             if self.val_size is not None:
                 pool = pool.subset(np.arange(min(self.val_size, len(pool))))
             self.val_pool = pool
+        self.check_prompt_lengths()
 
     def set_tokenizer(self, tokenizer: Any) -> None:
-        """Attach the policy's tokenizer (the module calls this in its ``setup``)."""
-        self.tokenizer = tokenizer
-        self._token_cache.clear()
+        """Attach the policy's tokenizer (the module calls this in its ``setup``) and check the prompt lengths."""
+        if tokenizer is not self.tokenizer:
+            self.tokenizer = tokenizer
+            self._token_cache.clear()
+            self._length_checked.clear()
+        self.check_prompt_lengths()
+
+    def check_prompt_lengths(self, chunk_size: int = 4096) -> None:
+        """Tokenise every prompt of the built pools once (in batches, filling the token cache), before training.
+
+        Nothing happens until both a pool and the tokenizer are there (``setup`` and :meth:`set_tokenizer` both call
+        this). Raises :class:`~lit_rlft.data.sources.DataValidationError` naming ``data.max_prompt_length``, how many
+        prompts exceed it and the first one's origin.
+        """
+        if self.tokenizer is None:
+            return
+        for split, pool in (("train", self.train_pool), ("val", self.val_pool)):
+            if pool is None or split in self._length_checked:
+                continue
+            ids = pool.ids.tolist()
+            lengths: list[int] = []
+            for start in range(0, len(ids), chunk_size):
+                lengths += self._encode(ids[start : start + chunk_size], split)
+            self._raise_if_too_long(ids, lengths, split)
+            self._length_checked.add(split)
 
     def pool(self, split: Split) -> PromptPool:
         pool = self.train_pool if split == "train" else self.val_pool
@@ -168,22 +198,35 @@ class PromptDataModule(L.LightningDataModule):
         """Tokenised prompts for pool ids ``[b]`` (cached per id)."""
         if self.tokenizer is None:
             raise RuntimeError("PromptDataModule: no tokenizer attached (the module attaches it in setup)")
-        out = []
         missing = [int(i) for i in ids if (split, int(i)) not in self._token_cache]
         if missing:
-            texts = self.prompt_texts(np.asarray(missing), split)
-            add_special = not self.render["chat_template"]
-            enc = self.tokenizer(texts, add_special_tokens=add_special)["input_ids"]
-            for i, toks, text in zip(missing, enc, texts):
-                if len(toks) > self.max_prompt_length:
-                    raise ValueError(
-                        f"{self.pool(split).origins[int(self.pool(split).index_of([i])[0])]}: prompt has {len(toks)} "
-                        f"tokens, more than data.max_prompt_length={self.max_prompt_length}: {text[:80]!r}..."
-                    )
+            self._raise_if_too_long(missing, self._encode(missing, split), split)
+        return [self._token_cache[(split, int(i))] for i in ids]
+
+    def _encode(self, ids: list[int], split: Split) -> list[int]:
+        """Tokenise the prompts of pool ids ``ids`` (one batch) into the cache, those within
+        ``data.max_prompt_length`` only; return every prompt's length."""
+        add_special = not self.render["chat_template"]
+        enc = self.tokenizer(self.prompt_texts(np.asarray(ids, dtype=np.int64), split),
+                             add_special_tokens=add_special)["input_ids"]
+        lengths = [len(toks) for toks in enc]
+        for i, toks, n in zip(ids, enc, lengths):
+            if n <= self.max_prompt_length:
                 self._token_cache[(split, i)] = list(toks)
-        for i in ids:
-            out.append(self._token_cache[(split, int(i))])
-        return out
+        return lengths
+
+    def _raise_if_too_long(self, ids: list[int], lengths: list[int], split: Split) -> None:
+        """One line: how many prompts exceed ``data.max_prompt_length``, the first one's origin, id and length."""
+        over = [k for k, n in enumerate(lengths) if n > self.max_prompt_length]
+        if not over:
+            return
+        pool, first = self.pool(split), over[0]
+        origin = pool.origins[int(pool.index_of([ids[first]])[0])]
+        raise DataValidationError(
+            f"{len(over)} of {len(ids)} {split} prompts are longer than data.max_prompt_length="
+            f"{self.max_prompt_length} tokens (first: {origin}, id {ids[first]}, {lengths[first]} tokens; longest: "
+            f"{max(lengths)}): raise data.max_prompt_length or remove them"
+        )
 
     def reward_columns(self, ids: np.ndarray, split: Split = "train") -> dict[str, list[Any]]:
         """The data set's columns for pool ids ``[b]`` (one entry per prompt), for reward functions."""

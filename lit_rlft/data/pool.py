@@ -179,7 +179,7 @@ def build_pool(
             missing listed column, missing / non-integer / duplicate id, reserved column name.
     """
     if not records:
-        raise DataValidationError("no records: the data source is empty")
+        raise DataValidationError("no records: the data source is empty")  # load_records names the file
     template_fields = _template_fields(template) if template is not None else []
     if columns is not None:
         columns = list(columns)
@@ -272,7 +272,9 @@ def build_pool(
                         names.append(key)
         for name in names:
             if name in RESERVED_COLUMNS:
-                report(f"field {name!r} is a reserved column name; pass columns=[...] without it or rename it")
+                first = next(rec.origin for rec in records if name in rec.data)
+                report(f"{first}: field {name!r} is a reserved column name; pass columns=[...] without it or "
+                       "rename it")
     else:
         names = [name for name in columns if name != "answer" or answer_field is None]
 

@@ -74,7 +74,8 @@ def load_records(
 
     Raises:
         DataValidationError: missing path, unsupported file type, malformed JSON (with ``file:line`` and the JSON
-            error), a row that is not an object, an unknown split, or a hub load failure.
+            error), a row that is not an object, an unknown split, a hub load failure, or a source with no records
+            (naming the file, saved split or hub split).
     """
     if not isinstance(source, (str, Path)) or not str(source).strip():
         raise DataValidationError(f"data source must be a non-empty path or hub name, got {source!r}")
@@ -90,16 +91,19 @@ def load_records(
 
 
 def _load_file(path: Path) -> list[Record]:
-    suffix = path.suffix.lower()
-    if suffix == ".jsonl":
-        return _load_jsonl(path)
-    if suffix == ".json":
-        return _load_json(path)
-    if suffix == ".parquet":
-        return _load_parquet(path)
-    raise DataValidationError(
-        f"unsupported data file type {path.suffix!r} for {str(path)!r}: expected one of {', '.join(FILE_SUFFIXES)}"
-    )
+    loaders = {".jsonl": _load_jsonl, ".json": _load_json, ".parquet": _load_parquet}
+    loader = loaders.get(path.suffix.lower())
+    if loader is None:
+        raise DataValidationError(
+            f"unsupported data file type {path.suffix!r} for {str(path)!r}: expected one of {', '.join(FILE_SUFFIXES)}"
+        )
+    return _non_empty(loader(path), f"data file {str(path)!r}")
+
+
+def _non_empty(records: list[Record], where: str, why: str = "it is empty, or only blank lines") -> list[Record]:
+    if not records:
+        raise DataValidationError(f"{where} holds no records ({why})")
+    return records
 
 
 def _check_object(row: Any, origin: str) -> dict[str, Any]:
@@ -186,7 +190,8 @@ def _load_saved(path: Path, split: str) -> list[Record]:
             )
         loaded = loaded[split]
     name = f"{path}[{split}]"
-    return [Record(row, f"{name}#{i}") for i, row in enumerate(loaded.to_list())]
+    return _non_empty([Record(row, f"{name}#{i}") for i, row in enumerate(loaded.to_list())],
+                      f"saved dataset {name!r}", "the split is empty")
 
 
 def _load_hub(name: str, split: str, data_files: str | None, config: str | None) -> list[Record]:
@@ -202,4 +207,5 @@ def _load_hub(name: str, split: str, data_files: str | None, config: str | None)
     if not isinstance(ds, datasets.Dataset):
         raise DataValidationError(f"hub:{name}[{split}]: expected a map-style dataset, got {type(ds).__name__}")
     prefix = f"hub:{name}[{split}]"
-    return [Record(row, f"{prefix}#{i}") for i, row in enumerate(ds.to_list())]
+    records = [Record(row, f"{prefix}#{i}") for i, row in enumerate(ds.to_list())]
+    return _non_empty(records, f"data set {prefix!r}", "the split is empty")

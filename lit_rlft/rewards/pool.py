@@ -40,11 +40,24 @@ _MAX_MESSAGE = 300
 
 @dataclass(frozen=True)
 class Task:
-    """One function on one completion: ``funcs[func](completions=[completion], **row)``."""
+    """One function on one completion: ``funcs[func](completions=[completion], **row)``; with a ``seed``, the
+    worker seeds ``random``, numpy and torch with it first (a reward that samples is reproducible)."""
 
     func: int
     completion: str
     row: dict[str, Any]
+    seed: int | None = None
+
+
+def _seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 
 @dataclass(frozen=True)
@@ -106,6 +119,8 @@ def _worker_main(conn: Connection, funcs: Sequence[Callable[..., Any]]) -> None:
         if chunk is None:
             return
         for task in chunk:
+            if task.seed is not None:
+                _seed_everything(task.seed)
             conn.send(score_task(funcs[task.func], task))
 
 

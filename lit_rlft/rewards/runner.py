@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from lit_rlft.rewards.pool import CONTRACT, ERROR, OK, TIMEOUT, Task, TaskResult, WorkerPool, score_task, split_rows
@@ -203,6 +204,8 @@ class RewardRunner:
         self._unreported: dict[str, int] = dict.fromkeys(("num_scorings", *_COUNTERS[1:]), 0)
         self._examples: dict[str, str] = {}
         self._last_warning: float | None = None
+        self._seed_base: int | None = None
+        self._seed_calls = 0
 
     # ------------------------------------------------------------------------------------------- reporting
     def _report(self, result: RewardResult, examples: dict[str, str]) -> None:
@@ -244,6 +247,21 @@ class RewardRunner:
             if isinstance(column, (list, tuple)) and len(column) != n:
                 raise ValueError(f"column {key!r} has {len(column)} rows for {n} completions")
 
+    def _task_seeds(self, count: int) -> list[int | None]:
+        """Per-task seeds for the worker processes, from torch's current seed (which ``GRPOModule`` sets from
+        ``(generation_seed, step, rank)`` every step, without drawing from it) and the calls made since it was set:
+        a reward that samples gives the same scores in a resumed run. Inline scoring draws from the caller's own
+        generators, as a direct call would, and gets no seeds."""
+        if self.pool is None:
+            return [None] * count
+        base = torch.initial_seed()
+        if base != self._seed_base:
+            self._seed_base, self._seed_calls = base, 0
+        call = self._seed_calls
+        self._seed_calls += 1
+        states = np.random.SeedSequence([base, call]).generate_state(count, np.uint64)  # well mixed, [count]
+        return [int(v) % 2**63 for v in states]
+
     def _run(self, tasks: list[Task]) -> list[TaskResult]:
         if self.pool is not None:
             return self.pool.run(tasks)
@@ -266,7 +284,8 @@ class RewardRunner:
         n = len(completions)
         self._check_columns(n, columns)
         rows = split_rows(columns, n)
-        tasks = [Task(f, completions[i], rows[i]) for f in range(len(self.funcs)) for i in range(n)]
+        seeds = self._task_seeds(len(self.funcs) * n)
+        tasks = [Task(f, completions[i], rows[i], seeds[f * n + i]) for f in range(len(self.funcs)) for i in range(n)]
         outcomes = self._run(tasks)
         result = RewardResult(total=torch.zeros(n, dtype=torch.float32))
         examples: dict[str, str] = {}

@@ -56,3 +56,63 @@ def test_datamodule_state_survives_a_weights_only_checkpoint():
     fresh.setup("fit")
     assert fresh.plan.next_batch().tolist() == [1, 2, 3] == dm.plan.next_batch().tolist()
     np.testing.assert_array_equal(fresh.plan.next_batch(), dm.plan.next_batch())  # same uniform order after
+
+
+def test_empty_data_file_names_the_option_and_the_file(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text("")
+    dm = PromptDataModule(train=str(path), batch_size=1)
+    with pytest.raises(DataValidationError) as exc:
+        dm.setup("fit")
+    assert str(exc.value) == f"data.train: data file '{path}' holds no records (it is empty, or only blank lines)"
+
+
+def _long_prompts_dm(tmp_path, max_prompt_length: int = 12):
+    """Four train rows: the 2nd (line 2) and the 4th (line 5, after a blank line) are too long."""
+    path = tmp_path / "train.jsonl"
+    rows = ['{"prompt": "1 2>3=", "answer": "1+2"}', '{"prompt": "' + "9 " * 20 + '>1=", "answer": "x"}',
+            '{"prompt": "3 4>7=", "answer": "3+4"}', "", '{"prompt": "' + "8 " * 10 + '>2=", "answer": "y"}']
+    path.write_text("\n".join(rows) + "\n")
+    return path, PromptDataModule(train=str(path), batch_size=2, max_prompt_length=max_prompt_length)
+
+
+def test_too_long_prompts_fail_when_the_pool_meets_the_tokenizer(tmp_path):
+    from lit_rlft.models.tiny import char_tokenizer
+
+    path, dm = _long_prompts_dm(tmp_path)
+    dm.setup("fit")  # no tokenizer yet: nothing to measure
+    with pytest.raises(DataValidationError) as exc:
+        dm.set_tokenizer(char_tokenizer())  # what GRPOModule.setup does, before step 0
+    assert str(exc.value) == ("2 of 4 train prompts are longer than data.max_prompt_length=12 tokens "
+                              f"(first: {path}:2, id 1, 43 tokens; longest: 43): raise data.max_prompt_length or "
+                              "remove them")
+
+
+def test_too_long_prompts_fail_in_setup_when_the_tokenizer_came_first(tmp_path):
+    from lit_rlft.models.tiny import char_tokenizer
+
+    path, dm = _long_prompts_dm(tmp_path)
+    dm.set_tokenizer(char_tokenizer())
+    with pytest.raises(DataValidationError, match=rf"^2 of 4 train prompts .*\(first: {path}:2, id 1"):
+        dm.setup("fit")
+
+
+def test_too_long_prompts_stop_the_trainer_before_step_0(tmp_path):
+    path, dm = _long_prompts_dm(tmp_path)
+    module = tiny_module()
+    with pytest.raises(DataValidationError, match=r"data.max_prompt_length=12"):
+        tiny_trainer(tmp_path, max_steps=1).fit(module, datamodule=dm)
+    assert module.rollout_step == 0 and module.budget.completions == 0
+
+
+def test_prompts_within_the_limit_are_tokenised_once_at_setup(tmp_path):
+    from lit_rlft.models.tiny import char_tokenizer
+
+    path, dm = _long_prompts_dm(tmp_path, max_prompt_length=64)
+    dm.setup("fit")
+    calls = []
+    tok = char_tokenizer()
+    dm.set_tokenizer(lambda texts, **kw: calls.append(len(texts)) or tok(texts, **kw))
+    assert calls == [4] and len(dm._token_cache) == 4  # one batch for the whole pool
+    assert dm.prompt_tokens(np.array([2, 0])) == [tok("3 4>7=")["input_ids"], tok("1 2>3=")["input_ids"]]
+    assert calls == [4]  # served from the cache

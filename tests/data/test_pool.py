@@ -91,6 +91,14 @@ def test_reserved_column_names() -> None:
         build_pool(_recs([{"prompt": "a", "completions": "x"}]), answer_field=None, columns=["completions"])
 
 
+def test_reserved_column_name_in_the_data_names_the_first_row_holding_it(tmp_path: Path) -> None:
+    recs = _jsonl(tmp_path, [{"prompt": "a"}, {"prompt": "b", "prompts": "x"}])
+    with pytest.raises(DataValidationError) as err:
+        build_pool(recs, answer_field=None)
+    assert str(err.value).splitlines()[1] == (f"  - {tmp_path / 'train.jsonl'}:2: field 'prompts' is a reserved column "
+                                              "name; pass columns=[...] without it or rename it")
+
+
 def test_id_field_and_duplicates() -> None:
     pool = build_pool(_recs([{"prompt": "a", "uid": 10}, {"prompt": "b", "uid": 3}]), answer_field=None, id_field="uid")
     assert pool.ids.tolist() == [10, 3]

@@ -146,3 +146,31 @@ def test_real_data_loads_fast(folder: str, rows: int) -> None:
     assert len(records) == rows
     assert records[0].origin == f"{path}:1"
     assert elapsed < 5.0  # typically ~0.05 s; generous for shared cores
+
+
+@pytest.mark.parametrize("text", ["", "\n\n  \n"])
+def test_empty_file_names_the_file(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "train.jsonl"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(DataValidationError) as err:
+        load_records(str(path))
+    assert str(err.value) == f"data file '{path}' holds no records (it is empty, or only blank lines)"
+
+
+def test_empty_split_file_in_a_directory_and_empty_json_list_name_the_file(tmp_path: Path) -> None:
+    (tmp_path / "test.jsonl").write_text("", encoding="utf-8")
+    with pytest.raises(DataValidationError, match=rf"^data file '{tmp_path / 'test.jsonl'}' holds no records"):
+        load_records(str(tmp_path), split="test")
+    as_list = tmp_path / "rows.json"
+    as_list.write_text("[]", encoding="utf-8")
+    with pytest.raises(DataValidationError, match=rf"^data file '{as_list}' holds no records"):
+        load_records(str(as_list))
+
+
+def test_empty_hub_split_names_the_data_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    import datasets
+
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: datasets.Dataset.from_list([]))
+    with pytest.raises(DataValidationError) as err:
+        load_records("someone/empty", split="train")
+    assert str(err.value) == "data set 'hub:someone/empty[train]' holds no records (the split is empty)"

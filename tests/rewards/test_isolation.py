@@ -144,3 +144,26 @@ def test_pool_timeout_outcome() -> None:
     results = pool.run([Task(0, "hang", {}), Task(0, "ab", {})])
     assert [r.outcome for r in results] == [TIMEOUT, OK] and results[1].value == 2.0
     pool.close()
+
+
+def coin(completions: list[str], **kwargs: object) -> list[float]:
+    return [float(torch.rand(()))]
+
+
+def test_a_sampling_reward_is_reproducible_from_the_callers_seed() -> None:
+    """Workers are seeded per task from torch's current seed (set per step by GRPOModule) and the calls since:
+    a resumed run scores like the uninterrupted one, and the caller's own generator is not drawn from."""
+    runner = RewardRunner([coin], timeout_s=5.0, num_workers=2)
+    torch.manual_seed(7)
+    first = [runner(["a", "b", "c"], {}).total for _ in range(2)]
+    state = torch.get_rng_state()
+    resumed = RewardRunner([coin], timeout_s=5.0, num_workers=1)  # a resumed run: a new runner, other workers
+    torch.manual_seed(7)
+    again = [resumed(["a", "b", "c"], {}).total for _ in range(2)]
+    resumed.close()
+    torch.manual_seed(7)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(torch.equal(x, y) for x, y in zip(first, again))
+    assert not torch.equal(first[0], first[1])  # a later call in the same step draws other numbers
+    assert len(set(first[0].tolist())) == 3
+    runner.close()
