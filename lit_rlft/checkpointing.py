@@ -200,8 +200,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 def use_atomic_checkpoint_io(strategy: Any) -> None:
     """Install :class:`AtomicCheckpointIO` on a Trainer's or Fabric's ``strategy`` where it would use Lightning's
-    plain ``TorchCheckpointIO`` (also inside a wrapper such as ``AsyncCheckpointIO``); a custom one is kept."""
-    io = getattr(strategy, "checkpoint_io", None)
+    plain ``TorchCheckpointIO`` (also inside a wrapper such as ``AsyncCheckpointIO``); a custom one is kept.
+    Strategies that write distributed checkpoints themselves (Fabric's ``ModelParallelStrategy`` raises on
+    ``checkpoint_io``) are left as they are."""
+    try:
+        io = getattr(strategy, "checkpoint_io", None)
+    except NotImplementedError:
+        return
     if type(io) is TorchCheckpointIO:
         strategy.checkpoint_io = AtomicCheckpointIO()
     elif type(getattr(io, "checkpoint_io", None)) is TorchCheckpointIO:

@@ -162,6 +162,9 @@ def test_install_on_trainer_and_fabric_strategies_keeps_custom_io(tmp_path):
     fabric = L.Fabric(accelerator="cpu", devices=1)
     use_atomic_checkpoint_io(fabric.strategy)
     assert isinstance(fabric.strategy.checkpoint_io, AtomicCheckpointIO)
+    from lightning.fabric.strategies import ModelParallelStrategy
+
+    use_atomic_checkpoint_io(ModelParallelStrategy(lambda model, mesh: model))  # writes DCP folders itself: left alone, no error
 
 
 def test_fabric_loop_writes_atomically_and_refuses_a_truncated_checkpoint(tmp_path):

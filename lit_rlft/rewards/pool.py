@@ -105,6 +105,9 @@ def score_task(func: Callable[..., Any], task: Task) -> TaskResult:
 def _worker_main(conn: Connection, funcs: Sequence[Callable[..., Any]]) -> None:
     """Worker loop: receive a chunk of tasks, send one result per task as it finishes, until ``None`` or EOF."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    # A forked child inherits the trainer's Python handlers (Lightning catches SIGTERM); multiprocessing stops
+    # daemonic children with SIGTERM at exit, and a worker that survived it would hang the parent's exit.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         import torch
 
