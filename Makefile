@@ -58,7 +58,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check lit_rlft tests benchmarks scripts examples
 
 demo: $(STAMP)
-	$(BIN)/python -m lit_rlft.demo --out runs/demo
+	$(BIN)/python -m lit_rlft.cli.demo --out runs/demo
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e ".[dev,bench]"

@@ -121,7 +121,7 @@ def planned_batches(args: argparse.Namespace, tokenizer: Any) -> list[dict[str, 
 def run_lit(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[Any]]]) -> dict[str, Any]:
     import lightning as L
 
-    from lit_rlft.module import GRPOModule
+    from lit_rlft.lightning.module import GRPOModule
 
     class Timer(L.Callback):
         def __init__(self) -> None:

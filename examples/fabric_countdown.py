@@ -24,7 +24,7 @@ from lit_rlft import (
     ReplayCallback,
     RolloutBudgetStop,
 )
-from lit_rlft.fabric import FabricLoop
+from lit_rlft.lightning.fabric import FabricLoop
 
 
 def main() -> None:

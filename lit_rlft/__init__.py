@@ -1,7 +1,7 @@
 """lit_rlft: data-efficient reinforcement fine-tuning of LLMs on PyTorch Lightning.
 
 GRPO with rollout replay as a LightningModule; online data selection (DOTS, DPS, dynamic sampling, history
-resampling) and replay as composable Lightning callbacks; the same step under Fabric (``lit_rlft.fabric``)::
+resampling) and replay as composable Lightning callbacks; the same step under Fabric (``lit_rlft.lightning.fabric``)::
 
     from lit_rlft import DPSCallback, GRPOModule, PromptDataModule, ReplayCallback
 """
@@ -25,12 +25,12 @@ from lit_rlft.callbacks import (
 from lit_rlft.core.losses import GRPOLoss
 from lit_rlft.core.types import OutcomeRecord, Rollouts
 from lit_rlft.data import ArithmeticTask, BatchPlan, CountdownTask, PromptDataModule
-from lit_rlft.fabric import FabricLoop, fsdp2_parallelize
+from lit_rlft.lightning.fabric import FabricLoop, fsdp2_parallelize
+from lit_rlft.lightning.module import GRPOModule
 from lit_rlft.models import LoRAConfig, TinyConfig
-from lit_rlft.module import GRPOModule
 from lit_rlft.rewards.runner import RewardRunner
 from lit_rlft.rollout import HFEngine, RolloutEngine, RolloutWorker, SamplingConfig
-from lit_rlft.update import PolicyUpdater, TorchBackend
+from lit_rlft.step.update import PolicyUpdater, TorchBackend
 
 __version__ = "0.2.0"
 

@@ -19,8 +19,8 @@ TINY_SMALL = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 
 
 
 def tiny_module(**overrides):
+    from lit_rlft.lightning.module import GRPOModule
     from lit_rlft.models.tiny import TinyConfig
-    from lit_rlft.module import GRPOModule
 
     kwargs = dict(model="tiny", tiny=TinyConfig(**TINY_SMALL), reward_funcs=["lit_rlft.rewards.countdown_reward"],
                   num_generations=4, max_completion_length=8, learning_rate=1e-2)

@@ -12,7 +12,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from lit_rlft import checkpointing
-from lit_rlft.checkpointing import (
+from lit_rlft.lightning.checkpointing import (
     AtomicCheckpointIO,
     CheckpointError,
     atomic_save,
@@ -168,7 +168,7 @@ def test_install_on_trainer_and_fabric_strategies_keeps_custom_io(tmp_path):
 
 
 def test_fabric_loop_writes_atomically_and_refuses_a_truncated_checkpoint(tmp_path):
-    from lit_rlft.fabric import FabricLoop
+    from lit_rlft.lightning.fabric import FabricLoop
 
     fabric = L.Fabric(accelerator="cpu", devices=1)
     fabric.launch()

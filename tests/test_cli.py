@@ -221,7 +221,7 @@ def test_plain_option_typos_and_types_keep_jsonargparse_messages(tmp_path, capsy
 def test_constructor_errors_name_the_class(tmp_path, capsys):
     cfg = str(_config(tmp_path))
     assert _error(capsys, ["fit", "--config", cfg, "--model.num_generations", "1"]) == (
-        "lit-rlft fit: error: model (lit_rlft.module.GRPOModule): num_generations must be >= 2 for group-relative "
+        "lit-rlft fit: error: model (lit_rlft.lightning.module.GRPOModule): num_generations must be >= 2 for group-relative "
         "advantages, got 1")
     assert _error(capsys, ["fit", "--config", cfg, "--trainer.callbacks+=lit_rlft.callbacks.DPSCallback",
                            "--trainer.callbacks.candidate_ratio=-1"]) == (
@@ -266,8 +266,8 @@ def test_empty_data_file_is_one_line_naming_the_option_and_file(tmp_path, capsys
 
 
 def test_checkpoints_are_written_atomically_and_bad_ones_refused_in_one_line(tmp_path, capsys):
-    from lit_rlft.checkpointing import AtomicCheckpointIO
     from lit_rlft.cli import grpo_cli
+    from lit_rlft.lightning.checkpointing import AtomicCheckpointIO
 
     every_2 = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
                "init_args": {"dirpath": str(tmp_path / "ckpts"), "every_n_train_steps": 2}}

@@ -1,9 +1,9 @@
-"""condense_parser_error on jsonargparse's messages as it prints them (lit_rlft.cli_errors): the class the user named,
+"""condense_parser_error on jsonargparse's messages as it prints them (lit_rlft.cli.errors): the class the user named,
 the option, and the reason, in one line."""
 
 from __future__ import annotations
 
-from lit_rlft.cli_errors import condense_parser_error
+from lit_rlft.cli.errors import condense_parser_error
 
 UNION_DUMP = """Parser key "trainer.callbacks":
   Does not validate against any of the Union subtypes

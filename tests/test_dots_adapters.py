@@ -9,9 +9,9 @@ import pytest
 
 from lit_rlft.callbacks import DOTSCallback, SuccessRateRecorder
 from lit_rlft.cli import main
+from lit_rlft.cli.dots_adapters import main as dots_adapters_main
 from lit_rlft.data.sources import DataValidationError
 from lit_rlft.data.tasks import CountdownTask
-from lit_rlft.dots_adapters import main as dots_adapters_main
 from lit_rlft.models.tiny import TinyConfig, save_tiny_policy
 from lit_rlft.selection.dots import load_predictor
 from tests.conftest import TINY_SMALL, countdown_dm, tiny_module, tiny_trainer

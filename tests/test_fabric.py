@@ -9,7 +9,7 @@ import torch
 from lightning.fabric.loggers import TensorBoardLogger
 
 from lit_rlft import DPSCallback, ReplayCallback
-from lit_rlft.fabric import FabricLoop
+from lit_rlft.lightning.fabric import FabricLoop
 from tests.callbacks.test_selection_callbacks import StepSeededCoins
 from tests.conftest import countdown_dm, tiny_module, tiny_trainer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lit_rlft.metrics import ValidationMetrics
+from lit_rlft.step.metrics import ValidationMetrics
 
 
 def test_validation_metrics_by_hand():

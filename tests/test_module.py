@@ -238,7 +238,7 @@ class _NaNLoss:
 
 
 def test_trainer_skips_a_nan_step_and_stops_after_a_streak(tmp_path, monkeypatch):
-    from lit_rlft.update import NonFiniteUpdateError
+    from lit_rlft.step.update import NonFiniteUpdateError
 
     module = tiny_module(max_nonfinite_skips=2)
     module.configure_model()

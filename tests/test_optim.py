@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from lit_rlft.optim import warmup_factor
+from lit_rlft.step.optim import warmup_factor
 
 
 def test_linear_warmup_then_constant():

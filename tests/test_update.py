@@ -71,7 +71,7 @@ def _adamw_step(model, updater, advantages, optimizer):
 
 @pytest.mark.parametrize("max_grad_norm", [1.0, 0.0])
 def test_non_finite_gradient_skips_the_update_and_stops_after_a_streak(max_grad_norm):
-    from lit_rlft.update import NonFiniteUpdateError
+    from lit_rlft.step.update import NonFiniteUpdateError
 
     model = tiny_qwen2(char_tokenizer(), TinyConfig(**TINY_SMALL))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)

@@ -60,8 +60,8 @@ def train(cfg: StudyConfig, spec: RunSpec, warm_start: str, out_dir: Path) -> di
     from benchmarks.study.strategies import strategy_callbacks
     from benchmarks.study.tasks import datamodule, train_subset_ids
     from lit_rlft.callbacks import BatchCompositionLogger, RolloutBudgetStop
+    from lit_rlft.lightning.module import GRPOModule
     from lit_rlft.models.tiny import TinyConfig
-    from lit_rlft.module import GRPOModule
     from lit_rlft.reporting import read_scalars
 
     torch.set_num_threads(cfg.threads)

@@ -12,7 +12,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 def resolve_warm_start(cfg: StudyConfig, out: Path, threads: int = 1) -> str:
     """Return the model argument for every run (a checkpoint directory or ``"tiny"``).
 
-    Without ``cfg.warm_start``, runs the SFT exactly as ``lit_rlft.demo`` does (``configs/sft_countdown_tiny.yaml``
+    Without ``cfg.warm_start``, runs the SFT exactly as ``lit_rlft.cli.demo`` does (``configs/sft_countdown_tiny.yaml``
     through ``sft_cli``) into ``<out>/sft/model``, unless that checkpoint already exists.
     """
     if cfg.warm_start == "tiny":

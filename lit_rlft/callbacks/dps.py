@@ -9,7 +9,7 @@ import numpy as np
 
 from lit_rlft.callbacks.dots import DifficultyPredictorConfig, build_dots_selector, refresh_reference
 from lit_rlft.callbacks.selection import SelectionCallback
-from lit_rlft.checkpointing import decode_state, encode_state
+from lit_rlft.core.state import decode_state, encode_state
 from lit_rlft.selection.base import STATE_NAMES, state_of
 from lit_rlft.selection.dots import DOTSSelector, pearson
 from lit_rlft.selection.dps import DPSSelector, PredictionTracker, cold_start_belief

@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lit_rlft.callbacks.base import RolloutHook
-from lit_rlft.checkpointing import decode_state, encode_state
+from lit_rlft.core.state import decode_state, encode_state
 from lit_rlft.core.types import OutcomeRecord, Rollouts
 from lit_rlft.selection.dynamic import DynamicFilter
 

@@ -18,7 +18,7 @@ import lightning as L
 import numpy as np
 
 from lit_rlft.callbacks.budget import training_ends_after_this_step
-from lit_rlft.checkpointing import decode_state, encode_state
+from lit_rlft.core.state import decode_state, encode_state
 from lit_rlft.selection.base import SelectionStrategy, effective_ratio
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from lit_rlft.checkpointing import decode_state, encode_state
+from lit_rlft.core.state import decode_state, encode_state
 from lit_rlft.data.plan import BatchPlan
 from lit_rlft.data.pool import PromptPool, build_pool
 from lit_rlft.data.sources import DataValidationError, load_records

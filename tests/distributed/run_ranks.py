@@ -144,12 +144,12 @@ def main() -> None:
                           batch_size=a.batch_size, val_batch_size=4)
     callbacks = make_callbacks(a.callbacks.split(","), out)
     if a.launcher == "fabric":
-        from lit_rlft.fabric import FabricLoop
+        from lit_rlft.lightning.fabric import FabricLoop
 
         if a.strategy == "fsdp2":
             from lightning.fabric.strategies import ModelParallelStrategy
 
-            from lit_rlft.fabric import fsdp2_parallelize
+            from lit_rlft.lightning.fabric import fsdp2_parallelize
 
             strategy = ModelParallelStrategy(fsdp2_parallelize, data_parallel_size=a.devices, tensor_parallel_size=1)
         else:

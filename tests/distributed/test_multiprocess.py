@@ -136,8 +136,8 @@ def test_two_ranks_compute_the_one_rank_gradient(runs):
     lr * eps / (|g| + eps)^2 (6 for |g| = 1e-6: a few dozen of the 89k weights here)."""
     from lit_rlft import GRPOModule, Rollouts, TinyConfig
     from lit_rlft.core.advantages import group_advantages
-    from lit_rlft.optim import adamw_with_warmup
-    from lit_rlft.update import TorchBackend
+    from lit_rlft.step.optim import adamw_with_warmup
+    from lit_rlft.step.update import TorchBackend
     from tests.distributed.run_ranks import TINY_SMALL
 
     _, out = runs("trainer_dps_replay")

@@ -6,7 +6,7 @@ Notation: ``N`` sequences on this rank (``B_local * G``), ``L`` completion lengt
 several mini-batches), splits them into ``num_mini_batches`` mini-batches and makes one optimizer step per
 mini-batch, accumulating gradients over micro-batches of ``micro_batch_size`` rows. What differs between the
 Trainer, Fabric and plain PyTorch (how to backward, skip gradient sync, clip, step) sits behind
-:class:`UpdateBackend`; how ranks agree on normalisation goes through a :class:`~lit_rlft.distributed.Collective`.
+:class:`UpdateBackend`; how ranks agree on normalisation goes through a :class:`~lit_rlft.step.distributed.Collective`.
 
 Global normalisation. A mini-batch's loss is normalised by the *global* weight of that mini-batch (its tokens for
 ``loss_type="dapo"``, its sequences otherwise), summed over ranks, and every rank multiplies its share by ``W``
@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from lit_rlft.core.logprobs import completion_logprobs
 from lit_rlft.core.losses import GRPOLoss, LossOutput
 from lit_rlft.core.types import Rollouts
-from lit_rlft.distributed import Collective, LocalCollective
+from lit_rlft.step.distributed import Collective, LocalCollective
 
 RefLogprobs = Callable[[Rollouts, Tensor], "Tensor | None"]
 """``(rollouts, rows [n]) -> [n, L]`` reference log-probs (or None without a KL penalty)."""

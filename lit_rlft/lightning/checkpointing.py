@@ -1,7 +1,7 @@
 """Checkpoints: state that loads weights-only, files written atomically, and unreadable files reported in one line.
 
-- Lightning loads checkpoints with ``torch.load(weights_only=True)``, which refuses numpy arrays. Strategy cores keep
-  numpy state; :func:`encode_state` / :func:`decode_state` wrap arrays as tensors on the way in and back out.
+- Lightning loads checkpoints with ``torch.load(weights_only=True)``, which refuses numpy arrays: strategy cores'
+  numpy state goes through :func:`lit_rlft.core.state.encode_state` / ``decode_state``.
 - :class:`AtomicCheckpointIO` writes a single-file checkpoint to ``<path>.tmp-<pid>``, fsyncs it and renames it over
   ``<path>``: a run killed mid-save leaves the previous checkpoint (or none), never a truncated one.
   :func:`use_atomic_checkpoint_io` installs it on a Trainer's or Fabric's strategy (``lit-rlft`` does by default).
@@ -22,37 +22,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-
-_TAG = "__ndarray__"
-
-
-def encode_state(obj: Any) -> Any:
-    """Replace every numpy array (and numpy scalar) in a nested state by a weights-only-loadable equivalent."""
-    if isinstance(obj, np.ndarray):
-        if obj.dtype == object:
-            raise TypeError("object arrays cannot be stored in a weights-only checkpoint")
-        return {_TAG: torch.from_numpy(np.ascontiguousarray(obj).copy())}
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, dict):
-        return {k: encode_state(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(encode_state(v) for v in obj)
-    return obj
-
-
-def decode_state(obj: Any) -> Any:
-    """Inverse of :func:`encode_state`."""
-    if isinstance(obj, dict):
-        if set(obj) == {_TAG}:
-            return obj[_TAG].numpy()
-        return {k: decode_state(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(decode_state(v) for v in obj)
-    return obj
 
 
 # ------------------------------------------------------------------------------------------ unreadable checkpoints

@@ -20,7 +20,7 @@ from lit_rlft.data.sources import load_records
 from lit_rlft.data.tasks import Task
 from lit_rlft.models.loading import LoRAConfig, apply_lora, load_policy
 from lit_rlft.models.tiny import TinyConfig
-from lit_rlft.optim import adamw_with_warmup
+from lit_rlft.step.optim import adamw_with_warmup
 
 
 class _Pairs(Dataset):

@@ -1,6 +1,6 @@
 """The CPU demo: warm start a tiny policy on Countdown, then GRPO, and show held-out accuracy before and after.
 
-    make demo                     # or: python -m lit_rlft.demo --out runs/demo
+    make demo                     # or: python -m lit_rlft.cli.demo --out runs/demo
 
 Steps (each skipped when its output already exists, so an interrupted demo resumes where it stopped):
 1. SFT warm start (configs/sft_countdown_tiny.yaml) -> <out>/sft/model

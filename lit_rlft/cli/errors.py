@@ -8,7 +8,7 @@ class the user named::
     model.num_generations: expected int, got 'four'
 
 :func:`describe_constructor_error` does the same for an exception raised by a class's ``__init__`` while the CLI
-instantiates the config (``model (lit_rlft.module.GRPOModule): num_generations must be >= 2 ...``).
+instantiates the config (``model (lit_rlft.lightning.module.GRPOModule): num_generations must be >= 2 ...``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
 What the CLI adds to LightningCLI: a help that lists every command; one-line errors (``lit-rlft fit: error: ...``,
 exit status 2) for bad options, constructor arguments, model paths, data files and checkpoints, all before training
 step 0 (``LIT_RLFT_DEBUG=1`` shows the full traceback instead); a ``--ckpt_path`` that is checked before it is
-loaded; and atomic checkpoint writes (:class:`~lit_rlft.checkpointing.AtomicCheckpointIO`).
+loaded; and atomic checkpoint writes (:class:`~lit_rlft.lightning.checkpointing.AtomicCheckpointIO`).
 """
 
 from __future__ import annotations
@@ -24,19 +24,19 @@ from typing import Any, NoReturn
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from lit_rlft.checkpointing import (
+from lit_rlft.cli.errors import condense_parser_error, describe_constructor_error
+from lit_rlft.data.datamodule import PromptDataModule
+from lit_rlft.data.sources import DataValidationError
+from lit_rlft.lightning.checkpointing import (
     CheckpointError,
     check_checkpoint,
     describe_load_error,
     is_local_checkpoint_path,
     use_atomic_checkpoint_io,
 )
-from lit_rlft.cli_errors import condense_parser_error, describe_constructor_error
-from lit_rlft.data.datamodule import PromptDataModule
-from lit_rlft.data.sources import DataValidationError
+from lit_rlft.lightning.module import GRPOModule
+from lit_rlft.lightning.sft import SFTDataModule, SFTModule
 from lit_rlft.models.loading import ModelSourceError
-from lit_rlft.module import GRPOModule
-from lit_rlft.sft import SFTDataModule, SFTModule
 
 PROG = "lit-rlft"
 #: Every command, with the line ``lit-rlft --help`` shows for it.
@@ -76,7 +76,7 @@ def fail(prog: str, message: str) -> NoReturn:
 
 
 class LitArgumentParser(LightningArgumentParser):
-    """LightningArgumentParser whose errors are one line (:func:`~lit_rlft.cli_errors.condense_parser_error`)
+    """LightningArgumentParser whose errors are one line (:func:`~lit_rlft.cli.errors.condense_parser_error`)
     instead of the usage (a hundred lines) and jsonargparse's dump of every type an option accepts."""
 
     #: The parser of the subcommand on the command line (set by :class:`LitCLI`): names the command in errors that
@@ -195,7 +195,7 @@ def sft_cli(args: list[str] | None = None) -> LightningCLI:
 
 def dots_adapters_cli(args: list[str] | None = None) -> None:
     """``lit-rlft dots-adapters``: train DOTS' adapters offline from (prompt, success rate) pairs."""
-    from lit_rlft.dots_adapters import main as dots_adapters_main
+    from lit_rlft.cli.dots_adapters import main as dots_adapters_main
 
     dots_adapters_main(args)
 
@@ -241,6 +241,3 @@ def main(argv: list[str] | None = None) -> None:
             raise
         fail(f"{PROG} {command}" if command else PROG, str(e))
 
-
-if __name__ == "__main__":
-    main()

@@ -29,7 +29,7 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
-from lit_rlft.checkpointing import check_checkpoint, is_local_checkpoint_path, use_atomic_checkpoint_io
+from lit_rlft.lightning.checkpointing import check_checkpoint, is_local_checkpoint_path, use_atomic_checkpoint_io
 from lit_rlft.models.sharding import fully_shard_policy, is_sharded
 
 __all__ = ["FabricLoop", "fsdp2_parallelize"]
@@ -43,7 +43,7 @@ def fsdp2_parallelize(model: nn.Module, device_mesh: Any) -> nn.Module:
 
 
 class FabricLoop:
-    """Train a :class:`~lit_rlft.module.GRPOModule` with Fabric.
+    """Train a :class:`~lit_rlft.lightning.module.GRPOModule` with Fabric.
 
     Args:
         fabric: a launched ``lightning.Fabric`` (its loggers receive the metrics, at the rollout step).
@@ -54,9 +54,9 @@ class FabricLoop:
         checkpoint_dir: where :meth:`save` writes ``step=<n>.ckpt`` every ``checkpoint_every_n_steps`` rollout steps.
         checkpoint_every_n_steps: ``None``: only when :meth:`save` is called.
 
-    Single-file checkpoints are written atomically (:class:`~lit_rlft.checkpointing.AtomicCheckpointIO` is installed
+    Single-file checkpoints are written atomically (:class:`~lit_rlft.lightning.checkpointing.AtomicCheckpointIO` is installed
     on the Fabric's strategy unless it has a custom checkpoint IO), and :meth:`load` reports a missing, truncated or
-    unfinished checkpoint in one line naming it (:class:`~lit_rlft.checkpointing.CheckpointError`).
+    unfinished checkpoint in one line naming it (:class:`~lit_rlft.lightning.checkpointing.CheckpointError`).
     """
 
     def __init__(self, fabric: L.Fabric, max_steps: int, callbacks: Sequence[L.Callback] = (),
@@ -205,7 +205,7 @@ class FabricLoop:
 
 
 class FabricBackend:
-    """How the updater optimises under Fabric (see :class:`lit_rlft.update.UpdateBackend`)."""
+    """How the updater optimises under Fabric (see :class:`lit_rlft.step.update.UpdateBackend`)."""
 
     def __init__(self, fabric: L.Fabric, model: nn.Module, optimizer: Any, scheduler: Any, module: Any):
         self.fabric, self._model, self.optimizer, self.scheduler, self.module = (fabric, model, optimizer, scheduler,

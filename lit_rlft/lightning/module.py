@@ -1,7 +1,7 @@
 """GRPOModule: GRPO with the off-policy (replay) loss as a LightningModule, with manual optimisation.
 
 Thin glue around two Lightning-free parts: the rollout worker (``lit_rlft.rollout.worker``: engine + rewards) and
-the policy updater (``lit_rlft.update``). One training step (rollout step), as named calls::
+the policy updater (``lit_rlft.step.update``). One training step (rollout step), as named calls::
 
     prompt_ids = self.plan_batch()                          # 1. the global plan (callbacks wrote it last step)
     rollouts, record = self.rollout(prompt_ids)             # 2-3. this rank's slice: generate G completions, score
@@ -34,23 +34,23 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
-from lit_rlft.budget import RolloutBudget
 from lit_rlft.callbacks.base import RolloutHook
 from lit_rlft.core.advantages import ScaleRewards, group_advantages
 from lit_rlft.core.losses import GRPOLoss, LossType, MismatchCorrection, OffPolicyForm
 from lit_rlft.core.types import OutcomeRecord, Rollouts
-from lit_rlft.distributed import Collective, LocalCollective, get_collective, padded_shard, seed_salt, shard_slice
-from lit_rlft.metrics import ValidationMetrics, rollout_metrics
+from lit_rlft.lightning.backend import TrainerBackend
 from lit_rlft.models.loading import LoRAConfig, apply_lora, load_model, load_tokenizer_for
 from lit_rlft.models.sharding import fully_shard_policy, hf_model, is_sharded, low_precision_warning
 from lit_rlft.models.tiny import TinyConfig
-from lit_rlft.optim import adamw_with_warmup
 from lit_rlft.rewards.runner import RewardRunner, resolve_reward
 from lit_rlft.rollout.base import RolloutEngine, SamplingConfig, stop_token_ids
 from lit_rlft.rollout.hf import HFEngine
 from lit_rlft.rollout.worker import RolloutWorker
-from lit_rlft.trainer_backend import TrainerBackend
-from lit_rlft.update import PolicyUpdater, sequence_logprobs
+from lit_rlft.step.budget import RolloutBudget
+from lit_rlft.step.distributed import Collective, LocalCollective, get_collective, padded_shard, seed_salt, shard_slice
+from lit_rlft.step.metrics import ValidationMetrics, rollout_metrics
+from lit_rlft.step.optim import adamw_with_warmup
+from lit_rlft.step.update import PolicyUpdater, sequence_logprobs
 
 RewardFunc = Callable[..., Sequence[float | None]]
 
@@ -292,7 +292,7 @@ class GRPOModule(L.LightningModule):
 
     @property
     def collective(self) -> Collective:
-        """The ranks of this run (:class:`~lit_rlft.distributed.LocalCollective` on one process)."""
+        """The ranks of this run (:class:`~lit_rlft.step.distributed.LocalCollective` on one process)."""
         return self._collective
 
     def setup(self, stage: str) -> None:

@@ -1,7 +1,7 @@
 """How the policy updater optimises under Lightning's Trainer (manual optimisation), for ``GRPOModule``.
 
-The Fabric loop has its own backend (``lit_rlft.fabric.FabricBackend``), plain PyTorch ``lit_rlft.update.TorchBackend``;
-all three implement :class:`lit_rlft.update.UpdateBackend`.
+The Fabric loop has its own backend (``lit_rlft.lightning.fabric.FabricBackend``), plain PyTorch ``lit_rlft.step.update.TorchBackend``;
+all three implement :class:`lit_rlft.step.update.UpdateBackend`.
 """
 
 from __future__ import annotations
