@@ -1,7 +1,8 @@
 """lit_rlft: data-efficient reinforcement fine-tuning of LLMs on PyTorch Lightning.
 
-GRPO with rollout replay as a LightningModule; online data selection (DOTS, DPS, dynamic sampling, history
-resampling) and replay as composable Lightning callbacks; the same step under Fabric (``lit_rlft.lightning.fabric``)::
+GRPO with rollout replay as one Lightning-free step (``lit_rlft.step``) driven by a LightningModule or a Fabric loop;
+online data selection (DOTS, DPS, MoPPS, GRESO, dynamic sampling, history resampling) and replay as composable
+Lightning callbacks::
 
     from lit_rlft import DPSCallback, GRPOModule, PromptDataModule, ReplayCallback
 """
@@ -30,15 +31,16 @@ from lit_rlft.lightning.module import GRPOModule
 from lit_rlft.models import LoRAConfig, TinyConfig
 from lit_rlft.rewards.runner import RewardRunner
 from lit_rlft.rollout import HFEngine, RolloutEngine, RolloutWorker, SamplingConfig
+from lit_rlft.step import GenerationConfig, GRPOStep, OptimConfig, StepContext, StepOutput
 from lit_rlft.step.update import PolicyUpdater, TorchBackend
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "ArithmeticTask", "BatchCompositionLogger", "BatchPlan", "CompletionLogger", "CountdownTask", "DOTSCallback",
     "DPSCallback", "DifficultyPredictorConfig", "DynamicSamplingCallback", "FabricLoop", "GRESOCallback", "GRPOLoss",
-    "GRPOModule", "HFEngine", "HistoryResamplingCallback", "MoPPSCallback", "LoRAConfig", "OutcomeRecord", "PolicyUpdater", "PromptDataModule",
+    "GRPOModule", "GRPOStep", "GenerationConfig", "HFEngine", "HistoryResamplingCallback", "MoPPSCallback", "LoRAConfig", "OptimConfig", "OutcomeRecord", "PolicyUpdater", "PromptDataModule",
     "ReplayCallback", "RewardRunner", "RolloutBudgetStop", "RolloutEngine", "RolloutHook", "RolloutWorker",
-    "Rollouts", "SamplingConfig", "SelectionCallback", "SuccessRateRecorder", "TinyConfig", "TorchBackend",
+    "Rollouts", "SamplingConfig", "SelectionCallback", "StepContext", "StepOutput", "SuccessRateRecorder", "TinyConfig", "TorchBackend",
     "__version__", "fsdp2_parallelize",
 ]

@@ -97,7 +97,7 @@ def make_module(**overrides: Any) -> Any:
 def module_kwargs(flat: dict[str, Any]) -> dict[str, Any]:
     """Flat options -> the constructor's arguments (identity before the nested configs; mapped after)."""
     try:
-        from lit_rlft.config import nest_flat_options
+        from lit_rlft.step.config import nest_flat_options
     except ImportError:
         return flat
     return nest_flat_options(flat)

@@ -1,26 +1,71 @@
-"""The seam through which callbacks reshape a step's rollout batch inside ``training_step``."""
+"""What lit_rlft's callbacks share: the step context they work on, and the Lightning hooks that reach it.
+
+Every lit_rlft callback is written against :class:`~lit_rlft.step.context.StepContext` (never against
+``GRPOModule``'s members or the Trainer) through three context-level methods, which work the same under the Trainer,
+Fabric or a plain PyTorch loop:
+
+- :meth:`StepCallback.setup_step` (``on_fit_start``): the policy and the data exist; build state.
+- :meth:`StepCallback.before_first_step` (``on_train_start``): every callback is set up; plan the first batch.
+- :meth:`StepCallback.after_step` (``on_train_batch_end``): observe the step's :class:`StepOutput`, plan the next.
+
+Callbacks that reshape a step's batch also implement :class:`RolloutHook` (``on_rollouts``), which the step calls
+between scoring and advantages.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    import lightning as L
+import lightning as L
 
+from lit_rlft.step.context import StepContext, StepOutput
+
+if TYPE_CHECKING:
     from lit_rlft.core.types import OutcomeRecord, Rollouts
+
+__all__ = ["RolloutHook", "StepCallback", "step_context"]
+
+
+def step_context(pl_module: Any) -> StepContext:
+    """The :class:`StepContext` of the module a hook receives (``GRPOModule.grpo``)."""
+    ctx = getattr(pl_module, "grpo", None)
+    if ctx is None:
+        raise TypeError(f"lit_rlft callbacks need a GRPOModule (or a module whose `grpo` is a StepContext), got "
+                        f"{type(pl_module).__name__}")
+    return ctx
+
+
+class StepCallback(L.Callback):
+    """A Lightning callback whose work is done by three context-level methods (see the module docstring)."""
+
+    def setup_step(self, ctx: StepContext) -> None:
+        """Once the policy and the data exist (``on_fit_start``, after a checkpoint's state was loaded)."""
+
+    def before_first_step(self, ctx: StepContext) -> None:
+        """After every callback's :meth:`setup_step` (``on_train_start``)."""
+
+    def after_step(self, ctx: StepContext, output: StepOutput) -> None:
+        """After each rollout step (``on_train_batch_end``); ``ctx.rollout_step - 1`` is the step that ran."""
+
+    # -- Lightning hooks -------------------------------------------------------------------------------------
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        self.setup_step(step_context(pl_module))
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self.before_first_step(step_context(pl_module))
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.after_step(step_context(pl_module), outputs)
 
 
 class RolloutHook:
-    """Mixin for callbacks that change the rollout batch after scoring and before advantages.
+    """Mixin for callbacks that change a step's batch after scoring and before advantages.
 
-    ``GRPOModule`` calls :meth:`on_rollouts` of every callback that is a ``RolloutHook``, in callback order, with
-    this rank's ``rollouts`` and the global ``record`` of outcomes (every rank's groups). A hook returns both,
-    reshaped; it must keep them consistent (``record.trained_batch()`` is the global batch of which ``rollouts`` is
-    this rank's slice) and give every rank the same number of groups. Dynamic sampling refills with more rounds of
-    candidates here; replay mixes in stored groups here. More generation goes through ``pl_module.rollout(ids)``, a
-    collective call that every rank makes with the same global ids.
+    The step calls :meth:`on_rollouts` of every such callback, in callback order, with this rank's ``rollouts`` and
+    the global ``record`` (see :class:`lit_rlft.step.context.RolloutHook` for the contract). Dynamic sampling refills
+    with more rounds of candidates here; replay mixes in stored groups here.
     """
 
-    def on_rollouts(self, trainer: L.Trainer | Any, pl_module: L.LightningModule, rollouts: Rollouts,
+    def on_rollouts(self, ctx: StepContext, rollouts: Rollouts,
                     record: OutcomeRecord) -> tuple[Rollouts, OutcomeRecord]:
         return rollouts, record

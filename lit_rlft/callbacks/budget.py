@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-import lightning as L
+from lit_rlft.callbacks.base import StepCallback, step_context
+from lit_rlft.step.context import StepContext, StepOutput
 
 
-class RolloutBudgetStop(L.Callback):
+class RolloutBudgetStop(StepCallback):
     """Stop after the step in which the run's cumulative completions reach ``max_completions``.
 
     Every completion counts (training, reference sets, dynamic-sampling rounds), so strategies that spend extra
@@ -26,18 +28,20 @@ class RolloutBudgetStop(L.Callback):
             raise ValueError(f"RolloutBudgetStop: max_completions must be >= 1, got {max_completions}")
         self.max_completions = max_completions
 
-    def exhausted(self, pl_module: L.LightningModule) -> bool:
-        return pl_module.budget.completions >= self.max_completions
+    def exhausted(self, ctx: StepContext) -> bool:
+        return ctx.budget.completions >= self.max_completions
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: StepOutput, batch: Any,
                            batch_idx: int) -> None:
-        if self.exhausted(pl_module):
+        if self.exhausted(step_context(pl_module)):
             trainer.should_stop = True
 
 
-def training_ends_after_this_step(trainer: L.Trainer, pl_module: L.LightningModule) -> bool:
-    """Whether the step that just ran is the last: ``max_steps`` reached, a stop requested, or a rollout budget
-    spent. Selection callbacks then skip planning (DOTS would otherwise roll out a reference set nobody uses)."""
-    if trainer.should_stop or (trainer.max_steps and 0 < trainer.max_steps <= trainer.global_step):
+def training_ends(should_stop: bool, max_steps: int | None, global_step: int, callbacks: Sequence[Any],
+                  ctx: StepContext) -> bool:
+    """Whether the step that just ran is the last: a stop requested, ``max_steps`` (optimizer steps) reached, or a
+    :class:`RolloutBudgetStop` among ``callbacks`` spent (it may run after the callback asking). The Trainer and the
+    Fabric loop answer :meth:`StepContext.ends_after_this_step` with it."""
+    if should_stop or (max_steps and 0 < max_steps <= global_step):
         return True
-    return any(isinstance(cb, RolloutBudgetStop) and cb.exhausted(pl_module) for cb in trainer.callbacks)
+    return any(isinstance(cb, RolloutBudgetStop) and cb.exhausted(ctx) for cb in callbacks)

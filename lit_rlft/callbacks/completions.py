@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import lightning as L
-from lightning.pytorch.utilities import rank_zero_only
+from lit_rlft.callbacks.base import StepCallback
+from lit_rlft.step.context import StepContext, StepOutput
 
 
-class CompletionLogger(L.Callback):
+class CompletionLogger(StepCallback):
     """Write a markdown table of ``num_samples`` completions to the logger every ``every_n_steps`` steps.
 
     Example::
@@ -26,17 +26,10 @@ class CompletionLogger(L.Callback):
             raise ValueError(f"CompletionLogger: every_n_steps must be >= 1, got {every_n_steps}")
         self.every_n_steps, self.num_samples, self.max_chars = every_n_steps, num_samples, max_chars
 
-    @rank_zero_only
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        step = pl_module.rollout_step - 1
-        if step % self.every_n_steps or not outputs or "rollouts" not in outputs:
-            return
-        text = self.table(outputs["rollouts"])
-        for logger in trainer.loggers:
-            experiment = getattr(logger, "experiment", None)
-            if hasattr(experiment, "add_text"):
-                experiment.add_text("completions", text, global_step=step)
+    def after_step(self, ctx: StepContext, output: StepOutput) -> None:
+        step = ctx.rollout_step - 1
+        if step % self.every_n_steps == 0:
+            ctx.log_text("completions", self.table(output.rollouts))
 
     def table(self, rollouts: Any) -> str:
         G = rollouts.group_size

@@ -18,14 +18,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import lightning as L
 import numpy as np
+
+from lit_rlft.callbacks.base import StepCallback
+from lit_rlft.step.context import StepContext, StepOutput
 
 #: More distinct values than this means the column is not a bucket (an id, a free-text field).
 MAX_BUCKETS = 32
 
 
-class BatchCompositionLogger(L.Callback):
+class BatchCompositionLogger(StepCallback):
     """Log the trained batch's share of each value of a pool column (see the module docstring for the tags).
 
     Example::
@@ -43,9 +45,9 @@ class BatchCompositionLogger(L.Callback):
         self.buckets: list[Any] = []
         self._seen: set[int] = set()  # prompt ids trained on so far
 
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        dm = trainer.datamodule
-        if dm is None or not hasattr(dm, "reward_columns"):
+    def setup_step(self, ctx: StepContext) -> None:
+        dm = ctx.data
+        if not hasattr(dm, "reward_columns"):
             raise TypeError("BatchCompositionLogger needs a datamodule with reward_columns (PromptDataModule)")
         pool = dm.pool("train")
         values = self._column(pool.rows(np.arange(len(pool))))
@@ -88,12 +90,9 @@ class BatchCompositionLogger(L.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._seen = {int(i) for i in state_dict.get("seen", [])}
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        if not outputs or "record" not in outputs:
-            return
-        r = outputs["record"].trained_batch()  # the global batch, every rank's groups
-        values = self._column(trainer.datamodule.reward_columns(r.prompt_ids.numpy(), "train"))
+    def after_step(self, ctx: StepContext, output: StepOutput) -> None:
+        r = output.record.trained_batch()  # the global batch, every rank's groups
+        values = self._column(ctx.data.reward_columns(r.prompt_ids.numpy(), "train"))
         metrics = self.composition(values, r.success_rates.numpy())
         metrics.update(self.recurrence(r.prompt_ids.tolist(), r.is_replay.tolist()))
-        pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=max(1, r.num_groups))
+        ctx.log(metrics)

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import lightning as L
 import numpy as np
 
 from lit_rlft.callbacks.selection import SelectionCallback
 from lit_rlft.models.embeddings import cached_embeddings
 from lit_rlft.selection.dots import DOTSSelector, load_predictor, pearson
+from lit_rlft.step.context import StepContext
 
 
 @dataclass
@@ -52,8 +52,8 @@ class DifficultyPredictorConfig:
 
 
 def build_dots_selector(
-    cfg: DifficultyPredictorConfig, trainer: L.Trainer, pl_module: L.LightningModule, alpha: float, tau: float,
-    seed: int, resume_key: str | None = None,
+    cfg: DifficultyPredictorConfig, ctx: StepContext, alpha: float, tau: float, seed: int,
+    resume_key: str | None = None,
 ) -> tuple[DOTSSelector, str]:
     """Embed the training pool (cached) and build the Lightning-free :class:`DOTSSelector`.
 
@@ -61,7 +61,7 @@ def build_dots_selector(
     ``resume_key``: the policy has trained since the run started, so embedding it again would give other
     embeddings (and other selections) than the uninterrupted run's.
     """
-    dm = trainer.datamodule
+    dm = ctx.data
     pool = dm.train_pool
     if cfg.reference_size + dm.plan.batch_size > len(pool):
         raise ValueError(
@@ -69,16 +69,13 @@ def build_dots_selector(
             f"pool ({len(pool)}): reference prompts are excluded from selection, so lower reference_size"
         )
     texts = dm.prompt_texts(pool.ids)
+    shared = dict(device=ctx.device, batch_size=cfg.embedding_batch_size, progress=ctx.collective.rank == 0,
+                  collective=ctx.collective, resume_key=resume_key, return_key=True)
     if cfg.embedding_model is None:
-        model = getattr(pl_module.policy, "get_base_model", lambda: pl_module.policy)()
-        emb, key = cached_embeddings(texts, model, cfg.cache_dir, tokenizer=pl_module.tokenizer,
-                                     device=pl_module.device, batch_size=cfg.embedding_batch_size,
-                                     progress=trainer.is_global_zero, collective=pl_module.collective,
-                                     resume_key=resume_key, return_key=True)
+        model = getattr(ctx.policy, "get_base_model", lambda: ctx.policy)()
+        emb, key = cached_embeddings(texts, model, cfg.cache_dir, tokenizer=ctx.tokenizer, **shared)
     else:
-        emb, key = cached_embeddings(texts, cfg.embedding_model, cfg.cache_dir, batch_size=cfg.embedding_batch_size,
-                                     device=pl_module.device, progress=trainer.is_global_zero,
-                                     collective=pl_module.collective, resume_key=resume_key, return_key=True)
+        emb, key = cached_embeddings(texts, cfg.embedding_model, cfg.cache_dir, **shared)
     if cfg.adapters and not Path(cfg.adapters).exists():
         raise FileNotFoundError(f"adapters: {cfg.adapters} does not exist")
     predictor = load_predictor(cfg.adapters) if cfg.adapters else None
@@ -89,7 +86,7 @@ def build_dots_selector(
     ), key
 
 
-def refresh_reference(selector: DOTSSelector, pl_module: L.LightningModule, rng: np.random.Generator) -> float:
+def refresh_reference(selector: DOTSSelector, ctx: StepContext, rng: np.random.Generator) -> float:
     """Roll out a fresh reference set under the current policy and hand its success rates to ``selector``.
 
     Returns the Pearson correlation between the difficulties the predictor gave the new reference prompts *before*
@@ -98,7 +95,7 @@ def refresh_reference(selector: DOTSSelector, pl_module: L.LightningModule, rng:
     range-restricted: with a small ``tau`` every selected prompt was predicted near ``alpha``.
     """
     ids = selector.reference_ids(rng)
-    rates = pl_module.success_rates(ids, purpose="reference")
+    rates = ctx.success_rates(ids, purpose="reference")
     r = float("nan")
     if selector.reference is not None:
         r = pearson(selector.predict(ids).double().numpy(), 1.0 - rates)
@@ -160,10 +157,10 @@ class DOTSCallback(SelectionCallback):
             embedding_batch_size=embedding_batch_size,
         )
 
-    def build(self, trainer: L.Trainer, pl_module: L.LightningModule, num_prompts: int) -> DOTSSelector:
+    def build(self, ctx: StepContext, num_prompts: int) -> DOTSSelector:
         resume_key = (self._pending_state or {}).get("embedding_key")
-        selector, self.embedding_key = build_dots_selector(self.config, trainer, pl_module, self.alpha, self.tau,
-                                                           self.seed, resume_key=resume_key)
+        selector, self.embedding_key = build_dots_selector(self.config, ctx, self.alpha, self.tau, self.seed,
+                                                           resume_key=resume_key)
         return selector
 
     def state_dict(self) -> dict[str, Any]:
@@ -172,12 +169,12 @@ class DOTSCallback(SelectionCallback):
             state["embedding_key"] = self.embedding_key
         return state
 
-    def before_select(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> None:
+    def before_select(self, ctx: StepContext, step: int) -> None:
         self._reference_pearson = float("nan")
         if self.strategy.needs_reference(step):
-            self._reference_pearson = refresh_reference(self.strategy, pl_module, self.rng)
+            self._reference_pearson = refresh_reference(self.strategy, ctx, self.rng)
 
-    def metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+    def metrics(self, ctx: StepContext) -> dict[str, Any]:
         out = {"dots/reference_size": float(self.config.reference_size)}
         if np.isfinite(getattr(self, "_reference_pearson", float("nan"))):
             out["dots/reference_pearson"] = self._reference_pearson

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import lightning as L
 import numpy as np
 
 from lit_rlft.callbacks.dots import DifficultyPredictorConfig, build_dots_selector, refresh_reference
@@ -13,6 +12,7 @@ from lit_rlft.core.state import decode_state, encode_state
 from lit_rlft.selection.base import STATE_NAMES, state_of
 from lit_rlft.selection.dots import DOTSSelector, pearson
 from lit_rlft.selection.dps import DPSSelector, PredictionTracker, cold_start_belief
+from lit_rlft.step.context import StepContext, StepOutput
 
 
 class DPSCallback(SelectionCallback):
@@ -61,19 +61,19 @@ class DPSCallback(SelectionCallback):
         self.step_tracker = PredictionTracker()
         self.tracker = PredictionTracker()  # running over the whole run
 
-    def build(self, trainer: L.Trainer, pl_module: L.LightningModule, num_prompts: int) -> DPSSelector:
+    def build(self, ctx: StepContext, num_prompts: int) -> DPSSelector:
         if self.cold_start is not None:
             resume_key = (self._pending_state or {}).get("embedding_key")
-            self.cold, self.embedding_key = build_dots_selector(self.cold_start, trainer, pl_module, alpha=0.5,
-                                                                tau=1.0, seed=self.seed, resume_key=resume_key)
+            self.cold, self.embedding_key = build_dots_selector(self.cold_start, ctx, alpha=0.5, tau=1.0,
+                                                                seed=self.seed, resume_key=resume_key)
         return DPSSelector(num_prompts, decay=self.decay, prior=self.prior, entropy_bonus=self.entropy_bonus,
                            candidate_ratio=self.candidate_ratio, seed=self.seed)
 
-    def before_select(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> None:
+    def before_select(self, ctx: StepContext, step: int) -> None:
         if self.cold is None:
             return
         if self.cold.needs_reference(step):
-            self._cold_reference_pearson = refresh_reference(self.cold, pl_module, self.rng)
+            self._cold_reference_pearson = refresh_reference(self.cold, ctx, self.rng)
             self._cold_success = None
         if self._cold_success is None:  # predicted success rate of every prompt, from the latest reference set
             self._cold_success = 1.0 - self.cold.predict().double().numpy()
@@ -81,7 +81,7 @@ class DPSCallback(SelectionCallback):
         # relax back to uniform after one prediction step.
         unseen = np.flatnonzero(~self.strategy.seen)
         if unseen.size:
-            self.strategy.init_belief(unseen, cold_start_belief(self._cold_success[unseen], pl_module.G))
+            self.strategy.init_belief(unseen, cold_start_belief(self._cold_success[unseen], ctx.num_generations))
 
     def before_observe(self, prompt_ids: np.ndarray, success_rates: np.ndarray, step: int) -> dict[str, float]:
         predicted = self.strategy.predict_states(prompt_ids)
@@ -106,14 +106,10 @@ class DPSCallback(SelectionCallback):
                 self._cold_reference_pearson = float("nan")
         return out
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        if (pl_module.rollout_step - 1) % self.confusion_every_n_steps == 0:
-            text = confusion_markdown(self.tracker.confusion)
-            for logger in trainer.loggers:
-                if hasattr(getattr(logger, "experiment", None), "add_text"):
-                    logger.experiment.add_text("dps/confusion", text, global_step=pl_module.rollout_step - 1)
+    def after_step(self, ctx: StepContext, output: StepOutput) -> None:
+        super().after_step(ctx, output)
+        if (ctx.rollout_step - 1) % self.confusion_every_n_steps == 0:
+            ctx.log_text("dps/confusion", confusion_markdown(self.tracker.confusion))
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()

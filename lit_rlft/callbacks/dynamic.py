@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
-import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
 
-from lit_rlft.callbacks.base import RolloutHook
+from lit_rlft.callbacks.base import RolloutHook, StepCallback
 from lit_rlft.core.state import decode_state, encode_state
 from lit_rlft.core.types import OutcomeRecord, Rollouts
 from lit_rlft.selection.dynamic import DynamicFilter
+from lit_rlft.step.context import StepContext
 
 
-class DynamicSamplingCallback(RolloutHook, L.Callback):
+class DynamicSamplingCallback(RolloutHook, StepCallback):
     """Keep only groups with non-zero reward spread, rolling out more rounds of fresh prompts until ``B`` are kept.
 
     Every candidate is generated (and charged to the budget: ``budget/completions_dynamic_sampling`` counts the
@@ -40,38 +40,39 @@ class DynamicSamplingCallback(RolloutHook, L.Callback):
         self.filter = DynamicFilter(max_rounds=max_rounds)
         self.max_rounds = max_rounds
 
-    def on_rollouts(self, trainer: L.Trainer, pl_module: L.LightningModule, rollouts: Rollouts,
+    def on_rollouts(self, ctx: StepContext, rollouts: Rollouts,
                     record: OutcomeRecord) -> tuple[Rollouts, OutcomeRecord]:
-        coll = pl_module.collective
+        coll = ctx.collective
         batch_size = record.num_groups  # global
         round_ = self.filter.start(batch_size)
         locals_, records = [rollouts], [record]
         round_.add(record.rewards.numpy(), groups=[(0, j) for j in range(record.num_groups)])
         used = set(record.prompt_ids.tolist())
-        plan = trainer.datamodule.plan
+        plan = ctx.data.plan
         while not round_.done:
             ids = plan.draw_unused(batch_size, used)
             ids = ids[: len(ids) // coll.world_size * coll.world_size]
             if ids.size == 0:
                 break
             used.update(ids.tolist())
-            local, more = pl_module.rollout(ids, purpose="dynamic_sampling")
+            local, more = ctx.rollout(ids, purpose="dynamic_sampling")
             round_.add(more.rewards.numpy(), groups=[(len(records), j) for j in range(more.num_groups)])
             locals_.append(local)
             records.append(more)
         result = round_.finish()
         kept = result.kept[: len(result.kept) // coll.world_size * coll.world_size]
-        pl_module.log_dict({
+        ctx.log({
             "dynamic_sampling/rounds": float(result.rounds),
             "dynamic_sampling/kept_groups": float(result.num_kept),
             "dynamic_sampling/discarded_groups": float(result.num_discarded),
             "dynamic_sampling/rolled_out_groups": float(result.num_rolled_out),
             "dynamic_sampling/filled": float(result.filled),
-        }, on_step=True, on_epoch=False, batch_size=batch_size)
-        if not result.filled:
-            rank_zero_warn(
+        })
+        if not result.filled and coll.rank == 0:
+            warnings.warn(
                 f"DynamicSamplingCallback: {result.num_kept} of {batch_size} effective groups after "
-                f"{result.rounds} rounds (max_rounds={self.max_rounds}); training on what was kept"
+                f"{result.rounds} rounds (max_rounds={self.max_rounds}); training on what was kept",
+                UserWarning, stacklevel=2,
             )
         if not kept:  # nothing to train on: the first round (zero advantages, no gradient)
             return rollouts, OutcomeRecord.concat([records[0], *(r.with_trained(False) for r in records[1:])])

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import lightning as L
-
 from lit_rlft.callbacks.selection import SelectionCallback
 from lit_rlft.selection.greso import GRESOSelector
+from lit_rlft.step.context import StepContext
 
 
 class GRESOCallback(SelectionCallback):
@@ -36,10 +35,10 @@ class GRESOCallback(SelectionCallback):
                             initial_p=initial_p, step_size=step_size, min_keep=min_keep)
         GRESOSelector(1, **self.options)  # validate now
 
-    def build(self, trainer: L.Trainer, pl_module: L.LightningModule, num_prompts: int) -> GRESOSelector:
+    def build(self, ctx: StepContext, num_prompts: int) -> GRESOSelector:
         return GRESOSelector(num_prompts, seed=self.seed, **self.options)
 
-    def metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
+    def metrics(self, ctx: StepContext) -> dict[str, float]:
         s = self.strategy
         easy, hard = s.last_zero_variance
         return {"greso/p_easy": s.p_easy, "greso/p_hard": s.p_hard, "greso/skipped": float(s.last_skipped),

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import lightning as L
-
 from lit_rlft.callbacks.selection import SelectionCallback
 from lit_rlft.selection.history import HistoryResampler
+from lit_rlft.step.context import StepContext
 
 
 class HistoryResamplingCallback(SelectionCallback):
@@ -20,8 +19,8 @@ class HistoryResamplingCallback(SelectionCallback):
 
     name = "history"
 
-    def build(self, trainer: L.Trainer, pl_module: L.LightningModule, num_prompts: int) -> HistoryResampler:
+    def build(self, ctx: StepContext, num_prompts: int) -> HistoryResampler:
         return HistoryResampler(num_prompts, seed=self.seed)
 
-    def metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
+    def metrics(self, ctx: StepContext) -> dict[str, float]:
         return {"history/active_prompts": float(self.strategy.num_active)}

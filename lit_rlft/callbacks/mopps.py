@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import lightning as L
 import numpy as np
 
 from lit_rlft.callbacks.selection import SelectionCallback
 from lit_rlft.selection.mopps import MoPPSSelector
+from lit_rlft.step.context import StepContext
 
 
 class MoPPSCallback(SelectionCallback):
@@ -38,11 +38,11 @@ class MoPPSCallback(SelectionCallback):
         MoPPSSelector(1, 2, prior=prior, decay=decay, target=target, candidate_ratio=candidate_ratio)  # validate now
         self.candidate_ratio, self.target, self.prior, self.decay = candidate_ratio, target, tuple(prior), decay
 
-    def build(self, trainer: L.Trainer, pl_module: L.LightningModule, num_prompts: int) -> MoPPSSelector:
-        return MoPPSSelector(num_prompts, pl_module.G, prior=self.prior, decay=self.decay, target=self.target,
+    def build(self, ctx: StepContext, num_prompts: int) -> MoPPSSelector:
+        return MoPPSSelector(num_prompts, ctx.num_generations, prior=self.prior, decay=self.decay, target=self.target,
                              candidate_ratio=self.candidate_ratio, seed=self.seed)
 
-    def metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
+    def metrics(self, ctx: StepContext) -> dict[str, float]:
         s = self.strategy
         out = {"mopps/posterior_mean_pool": float(s.posterior_mean().mean()),
                "mopps/observed_prompts": float((s.num_observed > 0).sum())}

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
-import lightning as L
-from lightning.pytorch.utilities import rank_zero_only
+from lit_rlft.callbacks.base import StepCallback
+from lit_rlft.step.context import StepContext, StepOutput
 
 
-class SuccessRateRecorder(L.Callback):
+class SuccessRateRecorder(StepCallback):
     """Append ``{"prompt_id", "prompt", "success_rate", "step"}`` per fresh group (all ranks) to ``path`` every step.
 
     Example::
@@ -29,17 +28,16 @@ class SuccessRateRecorder(L.Callback):
         self.path = path
         self._file: Path | None = None
 
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        root = trainer.log_dir or trainer.default_root_dir
-        self._file = Path(self.path) if self.path else Path(root) / "success_rates.jsonl"
+    def setup_step(self, ctx: StepContext) -> None:
+        self._file = Path(self.path) if self.path else Path(ctx.log_dir) / "success_rates.jsonl"
 
-    @rank_zero_only
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        fresh = outputs["record"].fresh()  # every rank's fresh groups
-        step = pl_module.rollout_step - 1
+    def after_step(self, ctx: StepContext, output: StepOutput) -> None:
+        if ctx.collective.rank != 0:
+            return
+        fresh = output.record.fresh()  # every rank's fresh groups
+        step = ctx.rollout_step - 1
         ids = fresh.prompt_ids.numpy()
-        texts = trainer.datamodule.prompt_texts(ids) if ids.size else []
+        texts = ctx.data.prompt_texts(ids) if ids.size else []
         self._file.parent.mkdir(parents=True, exist_ok=True)
         with self._file.open("a") as f:
             for pid, text, rate in zip(ids.tolist(), texts, fresh.success_rates.tolist()):

@@ -4,23 +4,23 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import lightning as L
 import numpy as np
 import torch
 
-from lit_rlft.callbacks.base import RolloutHook
+from lit_rlft.callbacks.base import RolloutHook, StepCallback
 from lit_rlft.core.types import OutcomeRecord, Rollouts, pad_to
 from lit_rlft.selection.replay import ReplayBuffer, StoredGroup, validate_replay_config
+from lit_rlft.step.context import StepContext, StepOutput
 
 
-class ReplayCallback(RolloutHook, L.Callback):
+class ReplayCallback(RolloutHook, StepCallback):
     """Generate only ``ceil(delta * B)`` groups per step and replay the rest from recent effective groups.
 
     The datamodule's plan is shrunk to the fresh share, so a selection callback (DPS, DOTS, ...) chooses which
     prompts get fresh rollouts; without one they are uniform. Replayed groups are drawn uniformly from a FIFO
     buffer of whole effective groups (0 < success rate < 1, newest group per prompt, ``capacity`` groups); their
     advantages are recomputed from the stored rewards and their loss is importance-corrected with the stored
-    behaviour log-probs (``GRPOModule(off_policy=...)``). When the buffer holds too few groups (early steps),
+    behaviour log-probs (``model.loss.off_policy``). When the buffer holds too few groups (early steps),
     the batch is filled with extra fresh prompts (``fill="fresh"``, the default) or left short
     (``fill="none"``, as the reference code does). Logs ``replay/{fresh_groups, replayed_groups, filled_groups,
     overlap, mean_age, buffer_size}``; the buffer is part of the checkpoint.
@@ -54,13 +54,11 @@ class ReplayCallback(RolloutHook, L.Callback):
     def state_key(self) -> str:
         return self._generate_state_key(delta=self.delta, capacity=self.capacity)
 
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage != "fit":
-            return
-        plan = trainer.datamodule.plan
-        batch_size = trainer.datamodule.batch_size
+    def setup_step(self, ctx: StepContext) -> None:
+        plan = ctx.data.plan
+        batch_size = ctx.data.batch_size
         self.num_fresh, self.num_replay = validate_replay_config(self.delta, self.capacity, batch_size)
-        world = trainer.world_size
+        world = ctx.collective.world_size
         if self.num_fresh % world:
             raise ValueError(
                 f"ReplayCallback: delta={self.delta} gives {self.num_fresh} fresh prompts of data.batch_size="
@@ -70,9 +68,9 @@ class ReplayCallback(RolloutHook, L.Callback):
         plan.batch_size = self.num_fresh
 
     # -- step 4: mix replayed groups into the fresh ones ------------------------------------------------------
-    def on_rollouts(self, trainer: L.Trainer, pl_module: L.LightningModule, rollouts: Rollouts,
+    def on_rollouts(self, ctx: StepContext, rollouts: Rollouts,
                     record: OutcomeRecord) -> tuple[Rollouts, OutcomeRecord]:
-        coll = pl_module.collective
+        coll = ctx.collective
         world, rank = coll.world_size, coll.rank
         fresh_ids = set(record.prompt_ids.tolist())  # every rank's fresh prompts
         overlap = sum(1 for i in fresh_ids if i in self.buffer)
@@ -81,40 +79,39 @@ class ReplayCallback(RolloutHook, L.Callback):
         per_rank = len(groups) // world
         parts, records = [rollouts], [record]
         if groups:
-            parts.append(self._to_rollouts(groups[rank * per_rank : (rank + 1) * per_rank], pl_module,
-                                           rollouts.pad_id))
+            parts.append(self._to_rollouts(groups[rank * per_rank : (rank + 1) * per_rank], ctx, rollouts.pad_id))
             records.append(_record_of(groups))
         short = self.num_replay - len(groups)
         filled = 0
         if short > 0 and self.fill == "fresh":
             used = fresh_ids | {g.prompt_id for g in groups}
-            ids = trainer.datamodule.plan.draw_unused(short, used)
+            ids = ctx.data.plan.draw_unused(short, used)
             ids = ids[: len(ids) // world * world]
             if ids.size:
-                local, filled_record = pl_module.rollout(ids, purpose="train")
+                local, filled_record = ctx.rollout(ids, purpose="train")
                 parts.append(local)
                 records.append(filled_record)
                 filled = int(ids.size)
-        step = pl_module.rollout_step
+        step = ctx.rollout_step
         ages = [step - g.step for g in groups]
-        pl_module.log_dict({
+        ctx.log({
             "replay/fresh_groups": float(record.num_groups + filled),
             "replay/replayed_groups": float(len(groups)),
             "replay/filled_groups": float(filled),
             "replay/overlap": float(overlap),
             "replay/mean_age": float(np.mean(ages)) if ages else 0.0,
             "replay/buffer_size": float(len(self.buffer)),
-        }, on_step=True, on_epoch=False, batch_size=record.num_groups)
+        })
         return Rollouts.concat(parts), OutcomeRecord.concat(records)
 
-    def _to_rollouts(self, groups: list[StoredGroup], pl_module: L.LightningModule, pad_id: int) -> Rollouts:
+    def _to_rollouts(self, groups: list[StoredGroup], ctx: StepContext, pad_id: int) -> Rollouts:
         G = groups[0].num_generations
         p_len = max(g.prompt_tokens.numel() for g in groups)
         c_len = max(int(c.numel()) for g in groups for c in g.completion_tokens)
         prompts = torch.stack([pad_to(g.prompt_tokens, p_len, pad_id, left=True) for g in groups])
         p_mask = torch.stack([pad_to(torch.ones_like(g.prompt_tokens), p_len, 0, left=True) for g in groups])
         comps = [c for g in groups for c in g.completion_tokens]
-        stop = set(pl_module.stop_token_ids)
+        stop = set(ctx.stop_token_ids)
         return Rollouts(
             prompt_ids=torch.tensor([g.prompt_id for g in groups], dtype=torch.long),
             prompt_tokens=prompts.repeat_interleave(G, dim=0),
@@ -128,17 +125,16 @@ class ReplayCallback(RolloutHook, L.Callback):
             truncated=torch.tensor([c.numel() == 0 or int(c[-1]) not in stop for c in comps]),
             behaviour_logprobs=torch.stack([pad_to(lp.float(), c_len, 0.0) for g in groups
                                             for lp in g.behaviour_logprobs]),
-            completions=pl_module.tokenizer.batch_decode([c.tolist() for c in comps], skip_special_tokens=True),
-            prompts=pl_module.tokenizer.batch_decode([g.prompt_tokens.tolist() for g in groups],
+            completions=ctx.tokenizer.batch_decode([c.tolist() for c in comps], skip_special_tokens=True),
+            prompts=ctx.tokenizer.batch_decode([g.prompt_tokens.tolist() for g in groups],
                                                      skip_special_tokens=True),
             pad_id=pad_id,
         )
 
     # -- step 7: store this step's fresh effective groups ---------------------------------------------------
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        groups = self._fresh_groups(outputs["rollouts"])
-        coll = pl_module.collective
+    def after_step(self, ctx: StepContext, output: StepOutput) -> None:
+        groups = self._fresh_groups(output.rollouts)
+        coll = ctx.collective
         if coll.is_distributed:  # every rank's groups, in rank order: the same buffer everywhere
             groups = [g for part in coll.all_gather(groups) for g in part]
         self.buffer.add_many(groups)

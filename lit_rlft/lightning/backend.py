@@ -1,90 +1,111 @@
-"""How the policy updater optimises under Lightning's Trainer (manual optimisation), for ``GRPOModule``.
-
-The Fabric loop has its own backend (``lit_rlft.lightning.fabric.FabricBackend``), plain PyTorch ``lit_rlft.step.update.TorchBackend``;
-all three implement :class:`lit_rlft.step.update.UpdateBackend`.
+"""How the policy updater optimises under Lightning: one :class:`~lit_rlft.step.update.UpdateBackend` for the
+Trainer (manual optimisation) and for Fabric, which differ only in how backward runs and how DDP's gradient sync is
+skipped. Plain PyTorch uses :class:`~lit_rlft.step.update.TorchBackend`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
-import lightning as L
 import torch
 from torch import Tensor, nn
 
 from lit_rlft.models.sharding import fsdp_no_sync, is_sharded
 
+__all__ = ["LightningBackend", "clip_grad_norm"]
 
-class TrainerBackend:
-    """How the updater optimises under Lightning's Trainer (manual optimisation)."""
 
-    def __init__(self, module: L.LightningModule):
-        self.module = module
-        self.trainer = module.trainer
-        self.opt = module.optimizers()
-        self.sched = module.lr_schedulers()
+class LightningBackend:
+    """The updater's backend under the Trainer or Fabric (build it with :meth:`for_trainer` / :meth:`for_fabric`).
+
+    Args:
+        model: what the training forward calls: the policy (Trainer: DDP wraps the LightningModule, whose
+            ``training_step`` runs inside its forward), or Fabric's wrapper of the policy.
+        policy: the policy itself (FSDP2's gradient sync is switched on it).
+        optimizer / scheduler: Lightning's (or Fabric's) optimizer wrapper and the learning-rate scheduler.
+        precision: the precision plugin (its ``scaler`` under 16-mixed, its ``main_params``).
+        backward: ``loss -> None`` the strategy's way (mixed-precision scaling, DDP's reducer).
+        ddp_no_sync: a context that skips DDP's gradient all-reduce for one backward (None: one rank).
+        device: where the training forward runs.
+    """
+
+    def __init__(self, model: nn.Module, policy: nn.Module, optimizer: Any, scheduler: Any, precision: Any,
+                 backward: Callable[[Tensor], None], ddp_no_sync: Callable[[], AbstractContextManager] | None,
+                 device: torch.device):
+        self._model, self.policy, self.optimizer, self.scheduler = model, policy, optimizer, scheduler
+        self.precision, self._backward, self._ddp_no_sync, self._device = precision, backward, ddp_no_sync, device
+
+    @classmethod
+    def for_trainer(cls, module: Any) -> LightningBackend:
+        """Inside ``training_step`` of a LightningModule whose ``policy`` trains (manual optimisation)."""
+        trainer = module.trainer
+        strategy = trainer.strategy
+        sync = strategy.block_backward_sync if hasattr(strategy, "block_backward_sync") else None
+        return cls(module.policy, module.policy, module.optimizers(), module.lr_schedulers(),
+                   trainer.precision_plugin, module.manual_backward, sync, module.device)
+
+    @classmethod
+    def for_fabric(cls, fabric: Any, model: nn.Module, policy: nn.Module, optimizer: Any,
+                   scheduler: Any) -> LightningBackend:
+        """Under ``fabric`` with ``model = fabric.setup_module(policy)`` and ``optimizer`` set up by Fabric."""
+        sync = (lambda: fabric.no_backward_sync(model, enabled=True)) if fabric.world_size > 1 else None
+        return cls(model, policy, optimizer, scheduler, fabric.strategy.precision,
+                   lambda loss: fabric.backward(loss, model=model), sync, fabric.device)
 
     @property
     def model(self) -> nn.Module:
-        return self.module.policy
+        return self._model
 
     @property
     def device(self) -> torch.device:
-        return self.module.device
-
-    @property
-    def world_size(self) -> int:
-        return self.module.collective.world_size
+        return self._device
 
     def backward(self, loss: Tensor) -> None:
-        self.module.manual_backward(loss)  # DDP: Lightning prepares the reducer; AMP: the scaler scales
+        self._backward(loss)
 
     def no_sync(self) -> AbstractContextManager:
-        return _no_sync(self.trainer.strategy, self.module.policy)
+        return no_gradient_sync(self.policy, self._ddp_no_sync)
 
     def clip_grad_norm(self, max_norm: float) -> float:
-        # Lightning's `clip_gradients` clips the *scaled* gradients under 16-mixed in manual optimisation (it
-        # unscales only inside optimizer.step) and returns no norm; clip the same parameters here, at the scaled
-        # threshold, which is exactly clipping the unscaled gradients at `max_norm`.
-        plugin = self.trainer.precision_plugin
-        scale = _grad_scale(plugin)
-        params = [p for p in plugin.main_params(self.opt.optimizer) if p.grad is not None]
+        # Under 16-mixed the gradients are still scaled here (the scaler unscales inside optimizer.step): clipping
+        # them at the scaled threshold is exactly clipping the unscaled gradients at `max_norm`.
+        scale = self._grad_scale()
+        inner = getattr(self.optimizer, "optimizer", self.optimizer)
+        params = [p for p in self.precision.main_params(inner) if p.grad is not None]
         return clip_grad_norm(params, max_norm * scale) / scale
 
     @property
     def scaler_skips_nonfinite(self) -> bool:
         """Under 16-mixed the GradScaler skips steps with infinite gradients itself (and lowers its scale)."""
-        return getattr(self.trainer.precision_plugin, "scaler", None) is not None
+        return getattr(self.precision, "scaler", None) is not None
+
+    def _grad_scale(self) -> float:
+        scaler = getattr(self.precision, "scaler", None)
+        return float(scaler.get_scale()) if scaler is not None else 1.0
 
     def optimizer_step(self) -> None:
-        self.opt.step()
-        self.sched.step()
+        self.optimizer.step()
+        self.scheduler.step()
 
     def zero_grad(self) -> None:
-        self.opt.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=True)
 
     def learning_rate(self) -> float:
-        return float(self.sched.get_last_lr()[0])
+        return float(self.scheduler.get_last_lr()[0])
 
 
 @contextmanager
-def _no_sync(strategy: Any, policy: nn.Module) -> Iterator[None]:
-    """Skip the gradient all-reduce / reduce-scatter of one backward (DDP's ``no_sync``, FSDP2's gradient sync)."""
+def no_gradient_sync(policy: nn.Module, ddp_no_sync: Callable[[], AbstractContextManager] | None) -> Iterator[None]:
+    """Skip the gradient all-reduce / reduce-scatter of one backward: FSDP2's gradient sync on a sharded policy,
+    else DDP's ``no_sync`` (nothing on one rank)."""
     if is_sharded(policy):
         with fsdp_no_sync(policy):
             yield
-    elif hasattr(strategy, "block_backward_sync"):
-        with strategy.block_backward_sync():
-            yield
     else:
-        yield
-
-
-def _grad_scale(precision_plugin: Any) -> float:
-    scaler = getattr(precision_plugin, "scaler", None)
-    return float(scaler.get_scale()) if scaler is not None else 1.0
+        with ddp_no_sync() if ddp_no_sync is not None else nullcontext():
+            yield
 
 
 def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:

@@ -1,4 +1,4 @@
-"""The GRPO step under Lightning Fabric: the same module, worker, updater, selection cores and callbacks, no Trainer.
+"""The GRPO step under Lightning Fabric: the same module, step, callbacks and checkpoints, no Trainer.
 
     # train.py (see examples/fabric_countdown.py)
     fabric = L.Fabric(accelerator="cpu", devices=2, strategy="ddp", loggers=TensorBoardLogger("runs/fabric"))
@@ -7,38 +7,41 @@
     data = PromptDataModule(train=CountdownTask(size=20_000), answer_field=None, batch_size=32)
     FabricLoop(fabric, max_steps=100, callbacks=[DPSCallback(), ReplayCallback()]).fit(module, data)
 
-    fabric run --accelerator cpu --devices 2 --strategy ddp train.py     # or: torchrun --nproc-per-node 2 train.py
+    torchrun --nproc-per-node 2 train.py                                     # or, for a script without launch():
+    fabric run --accelerator cpu --devices 2 --strategy ddp train.py
 
-:class:`FabricLoop` plays the part of the Trainer for lit_rlft's code: it offers the attributes that ``GRPOModule``
-and the callbacks read (``datamodule``, ``callbacks``, ``loggers``, ``should_stop``, ``max_steps``, ``global_step``,
-``world_size``, ``is_global_zero``), calls the callbacks' hooks (``setup``, ``on_fit_start``, ``on_train_start``,
-``on_train_batch_end``, ``on_train_end``) and runs :meth:`GRPOModule.grpo_step` with a Fabric backend for the
-updater: ``fabric.backward``, ``fabric.no_backward_sync`` on all micro-batches but the last, ``fabric.clip_gradients``.
-The policy itself is what Fabric wraps (DDP, or FSDP2 through ``ModelParallelStrategy(parallelize_fn=
-fsdp2_parallelize)``), so every training forward goes through the wrapper.
+:class:`FabricLoop` drives :class:`~lit_rlft.step.grpo.GRPOStep` (``module.grpo``): Fabric wraps the policy (DDP, or
+FSDP2 through ``ModelParallelStrategy(parallelize_fn=fsdp2_parallelize)``) and its optimizer, the updater optimises
+through :class:`~lit_rlft.lightning.backend.LightningBackend`, metrics go to Fabric's loggers at the rollout step,
+and the callbacks' Lightning hooks are called with the loop in the Trainer's place (lit_rlft's callbacks only use
+the step's context, so they behave exactly as under the Trainer).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
-from torch import Tensor, nn
+from torch import nn
 
+from lit_rlft.callbacks.budget import training_ends
+from lit_rlft.lightning.backend import LightningBackend
 from lit_rlft.lightning.checkpointing import check_checkpoint, is_local_checkpoint_path, use_atomic_checkpoint_io
-from lit_rlft.models.sharding import fully_shard_policy, is_sharded
+from lit_rlft.lightning.module import rollout_hooks
+from lit_rlft.models.sharding import data_parallel_mesh, fully_shard_policy
+from lit_rlft.step.distributed import get_collective
+from lit_rlft.step.optim import configure_adamw
 
 __all__ = ["FabricLoop", "fsdp2_parallelize"]
 
 
 def fsdp2_parallelize(model: nn.Module, device_mesh: Any) -> nn.Module:
     """``parallelize_fn`` for Fabric's ``ModelParallelStrategy``: FSDP2 over the data-parallel mesh dimension."""
-    mesh = device_mesh["data_parallel"] if "data_parallel" in (device_mesh.mesh_dim_names or ()) else device_mesh
-    fully_shard_policy(model, mesh)
+    fully_shard_policy(model, data_parallel_mesh(device_mesh))
     return model
 
 
@@ -50,18 +53,18 @@ class FabricLoop:
         max_steps: optimizer steps (as ``Trainer(max_steps=...)``: ``num_iterations * num_mini_batches`` per rollout
             step); training also ends when a callback sets ``should_stop`` (e.g. ``RolloutBudgetStop``).
         callbacks: Lightning callbacks (lit_rlft's selection, replay, logging and budget callbacks).
-        val_every_n_steps: rollout steps between validations (``None``: never).
-        checkpoint_dir: where :meth:`save` writes ``step=<n>.ckpt`` every ``checkpoint_every_n_steps`` rollout steps.
-        checkpoint_every_n_steps: ``None``: only when :meth:`save` is called.
+        val_every_n_steps: rollout steps between validations (None: never during training).
+        checkpoint_dir: where ``step=<n>.ckpt`` is written every ``checkpoint_every_n_steps`` rollout steps.
+        checkpoint_every_n_steps: None: only when :meth:`save` is called.
+        progress_bar: a progress bar of rollout steps on rank 0.
 
-    Single-file checkpoints are written atomically (:class:`~lit_rlft.lightning.checkpointing.AtomicCheckpointIO` is installed
-    on the Fabric's strategy unless it has a custom checkpoint IO), and :meth:`load` reports a missing, truncated or
-    unfinished checkpoint in one line naming it (:class:`~lit_rlft.lightning.checkpointing.CheckpointError`).
+    Single-file checkpoints are written atomically, and :meth:`load` reports a missing, truncated or unfinished
+    checkpoint in one line naming it (:class:`~lit_rlft.lightning.checkpointing.CheckpointError`).
     """
 
     def __init__(self, fabric: L.Fabric, max_steps: int, callbacks: Sequence[L.Callback] = (),
                  val_every_n_steps: int | None = None, checkpoint_dir: str | None = None,
-                 checkpoint_every_n_steps: int | None = None):
+                 checkpoint_every_n_steps: int | None = None, progress_bar: bool = True):
         if max_steps < 1:
             raise ValueError(f"FabricLoop: max_steps must be >= 1, got {max_steps}")
         self.fabric = fabric
@@ -71,6 +74,7 @@ class FabricLoop:
         self.val_every_n_steps = val_every_n_steps
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every_n_steps = checkpoint_every_n_steps
+        self.progress_bar = progress_bar
         self.should_stop = False
         self.global_step = 0  # optimizer steps
         self.datamodule: Any = None
@@ -78,9 +82,9 @@ class FabricLoop:
         self.model: Any = None  # the Fabric-wrapped policy
         self.optimizer: Any = None
         self.scheduler: Any = None
-        self._log_step = 0
+        self.backend: LightningBackend | None = None
 
-    # -- what callbacks read from "the trainer" -----------------------------------------------------------------
+    # -- what other Lightning callbacks may read from "the trainer" ---------------------------------------------
     @property
     def loggers(self) -> list[Any]:
         return list(self.fabric.loggers)
@@ -103,12 +107,7 @@ class FabricLoop:
 
     @property
     def log_dir(self) -> str | None:
-        logger = self.fabric.logger if self.fabric.loggers else None
-        return getattr(logger, "log_dir", None)
-
-    def log_metrics(self, metrics: dict[str, Any]) -> None:
-        """Write ``metrics`` to Fabric's loggers at the current rollout step (rank 0's loggers write)."""
-        self.fabric.log_dict({k: float(v) for k, v in metrics.items()}, step=self._log_step)
+        return getattr(self.fabric.logger, "log_dir", None) if self.fabric.loggers else None
 
     # -- the loop ------------------------------------------------------------------------------------------------
     def fit(self, module: Any, datamodule: Any, ckpt_path: str | None = None) -> None:
@@ -116,66 +115,94 @@ class FabricLoop:
         self.setup(module, datamodule)
         if ckpt_path is not None:
             self.load(ckpt_path)
+        step = module.grpo
         self._call("on_fit_start")
         self._call("on_train_start")
+        hooks = rollout_hooks(self.callbacks)
+        bar = self._progress_bar(step.rollout_step)
         while self.global_step < self.max_steps and not self.should_stop:
-            self._log_step = module.rollout_step
-            backend = FabricBackend(self.fabric, self.model, self.optimizer, self.scheduler, module)
-            steps_before = backend.steps
-            outputs = module.grpo_step(backend)
-            self.global_step += backend.steps - steps_before
-            batch_idx = module.rollout_step - 1
+            out = step.run(self.backend, hooks)
+            self.global_step += out.optimizer_steps
+            self._log_scalars(out.metrics, out.step)
             for cb in self.callbacks:
-                cb.on_train_batch_end(self, module, outputs, batch_idx, batch_idx)
-            if self.val_every_n_steps and module.rollout_step % self.val_every_n_steps == 0:
+                cb.on_train_batch_end(self, module, out, None, out.step)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(reward=f"{out.metrics['reward']:.3f}", completions=step.budget.completions)
+            if self.val_every_n_steps and step.rollout_step % self.val_every_n_steps == 0:
                 self.validate()
-            if self.checkpoint_every_n_steps and module.rollout_step % self.checkpoint_every_n_steps == 0:
-                self.save(str(Path(self.default_root_dir) / f"step={module.rollout_step}.ckpt"))
+            if self.checkpoint_every_n_steps and step.rollout_step % self.checkpoint_every_n_steps == 0:
+                self.save(str(Path(self.default_root_dir) / f"step={step.rollout_step}.ckpt"))
+        if bar is not None:
+            bar.close()
         self._call("on_train_end")
         self._call("on_fit_end")
 
     def setup(self, module: Any, datamodule: Any) -> None:
-        """What the Trainer does before its first step: data, module and callback ``setup``, the model (wrapped by
-        Fabric's strategy), the optimizer and scheduler, and the module's ``on_fit_start``."""
+        """What the Trainer does before its first step: data and step binding, callback ``setup``, the policy (wrapped
+        by Fabric's strategy, then handed to the step, which sets the engine up once), the optimizer, and the
+        module's ``on_fit_start``."""
         self.module, self.datamodule = module, datamodule
-        module._loop = self
         datamodule.setup("fit")
-        module.setup("fit")
+        module.grpo.bind(datamodule, get_collective(), sink=self._log_scalars, text_sink=self._log_text,
+                         ends=lambda: training_ends(self.should_stop, self.max_steps, self.global_step,
+                                                    self.callbacks, module.grpo),
+                         log_dir=self.log_dir or self.default_root_dir)
         for cb in self.callbacks:
             cb.setup(self, module, "fit")
         if module.policy is None:
             module.build_policy(mesh=None)  # Fabric's ModelParallelStrategy shards in setup_module (parallelize_fn)
         self.model = self.fabric.setup_module(module.policy)
         module.to(self.fabric.device)
-        module.engine.setup(module.policy, module.tokenizer, sharded=is_sharded(module.policy))
-        config = module.configure_optimizers()
+        module.grpo.attach(module.policy, module.reference)
+        config = configure_adamw(module.policy, module.grpo.optim, self.max_steps)
         self.optimizer = self.fabric.setup_optimizers(config["optimizer"])
         self.scheduler = config["lr_scheduler"]["scheduler"]  # steps the param groups the wrapper shares
+        self.backend = LightningBackend.for_fabric(self.fabric, self.model, module.policy, self.optimizer,
+                                                   self.scheduler)
         module.on_fit_start()
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        """Run the validation pool through the module (every rank its share); return the synced metrics."""
-        module = self.module
-        if module.val_metrics is None or self.datamodule.val_pool is None:
+        """Run the validation pool through the step (every rank its share); log and return the synced metrics."""
+        step = self.module.grpo
+        if step.val_metrics is None:
             return {}
-        module.on_validation_start()
-        for i, batch in enumerate(self.datamodule.val_dataloader()):
-            module.validation_step(batch, i)
-        module.on_validation_epoch_end()
-        return module.last_eval
+        self.module.on_validation_start()
+        for batch in self.datamodule.val_dataloader():
+            step.validation_batch(batch.numpy())
+        metrics = step.validation_results()
+        self._log_scalars(metrics, max(step.rollout_step - 1, 0))
+        self.module.last_eval = metrics
+        return metrics
+
+    def _log_scalars(self, metrics: Mapping[str, float], step: int) -> None:
+        self.fabric.log_dict({k: float(v) for k, v in metrics.items()}, step=step)
+
+    def _log_text(self, tag: str, text: str, step: int) -> None:
+        for logger in self.fabric.loggers:
+            experiment = getattr(logger, "experiment", None)
+            if hasattr(experiment, "add_text"):
+                experiment.add_text(tag, text, global_step=step)
+
+    def _progress_bar(self, start: int) -> Any:
+        if not (self.progress_bar and self.fabric.is_global_zero):
+            return None
+        from tqdm.auto import tqdm
+
+        o = self.module.grpo.optim
+        total = math.ceil(self.max_steps / (o.num_iterations * o.num_mini_batches))
+        return tqdm(total=total, initial=min(start, total), desc="rollout steps", dynamic_ncols=True)
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        """What a checkpoint holds: model and optimizer (through Fabric), scheduler, module counters, the plan,
+        """What a checkpoint holds: model and optimizer (through Fabric), scheduler, the step's counters, the plan,
         every callback's state (keyed by ``state_key``) and the loop's step."""
-        lit_rlft: dict[str, Any] = {}
-        self.module.on_save_checkpoint(lit_rlft)
         return {
             "model": self.model,
             "optimizer": self.optimizer,
             "scheduler": self.scheduler.state_dict(),
-            "module": lit_rlft["lit_rlft"],
+            "module": self.module.grpo.state_dict(),
             "datamodule": self.datamodule.state_dict(),
             "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks},
             "global_step": self.global_step,
@@ -192,71 +219,14 @@ class FabricLoop:
         state = self.state()
         self.fabric.load(path, state)
         self.scheduler.load_state_dict(state["scheduler"])
-        self.module.on_load_checkpoint({"lit_rlft": state["module"]})
+        self.module.grpo.load_state_dict(state["module"])
         self.datamodule.load_state_dict(state["datamodule"])
         for cb in self.callbacks:
             if cb.state_key in state["callbacks"]:
                 cb.load_state_dict(state["callbacks"][cb.state_key])
         self.global_step = int(state["global_step"])
+        self.module.grpo.sync_engine()  # the restored weights, not those the engine was set up with
 
     def _call(self, hook: str) -> None:
         for cb in self.callbacks:
             getattr(cb, hook)(self, self.module)
-
-
-class FabricBackend:
-    """How the updater optimises under Fabric (see :class:`lit_rlft.step.update.UpdateBackend`)."""
-
-    def __init__(self, fabric: L.Fabric, model: nn.Module, optimizer: Any, scheduler: Any, module: Any):
-        self.fabric, self._model, self.optimizer, self.scheduler, self.module = (fabric, model, optimizer, scheduler,
-                                                                                 module)
-        self.steps = 0
-
-    @property
-    def model(self) -> nn.Module:
-        return self._model
-
-    @property
-    def device(self) -> torch.device:
-        return self.fabric.device
-
-    @property
-    def world_size(self) -> int:
-        return self.fabric.world_size
-
-    def backward(self, loss: Tensor) -> None:
-        self.fabric.backward(loss, model=self._model)
-
-    def no_sync(self) -> AbstractContextManager:
-        return _fabric_no_sync(self.fabric, self._model)
-
-    def clip_grad_norm(self, max_norm: float) -> float:
-        total = self.fabric.clip_gradients(self._model, self.optimizer, max_norm=max_norm, error_if_nonfinite=False)
-        if hasattr(total, "full_tensor"):
-            total = total.full_tensor()
-        return float(total)
-
-    @property
-    def scaler_skips_nonfinite(self) -> bool:
-        """Under 16-mixed the GradScaler skips steps with infinite gradients itself (and lowers its scale)."""
-        return getattr(self.fabric.strategy.precision, "scaler", None) is not None
-
-    def optimizer_step(self) -> None:
-        self.optimizer.step()
-        self.scheduler.step()
-        self.steps += 1
-
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def learning_rate(self) -> float:
-        return float(self.scheduler.get_last_lr()[0])
-
-
-@contextmanager
-def _fabric_no_sync(fabric: L.Fabric, model: nn.Module) -> Iterator[None]:
-    if fabric.world_size == 1:
-        yield
-        return
-    with fabric.no_backward_sync(model, enabled=True):
-        yield

@@ -270,3 +270,26 @@ def apply_lora(model: nn.Module, lora: LoRAConfig) -> nn.Module:
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, cfg)
+
+
+def build_policy(name_or_path: str, dtype: str = "float32", tiny: TinyConfig | None = None,
+                 lora: LoRAConfig | None = None, reference: bool = False,
+                 mesh: Any = None) -> tuple[nn.Module, nn.Module | None]:
+    """The policy to train, and a frozen reference copy when ``reference`` (full fine-tuning with a KL term; with
+    LoRA the reference is the base model with its adapters disabled, so no copy is made).
+
+    ``mesh``: a 1-D data-parallel device mesh to shard both with FSDP2 (None: no sharding).
+    """
+    import copy
+
+    from lit_rlft.models.sharding import fully_shard_policy
+
+    policy = load_model(name_or_path, dtype=dtype, tiny=tiny)
+    if lora is not None:
+        policy = apply_lora(policy, lora)
+    ref = copy.deepcopy(policy).eval().requires_grad_(False) if reference and lora is None else None
+    if mesh is not None:
+        fully_shard_policy(policy, mesh)
+        if ref is not None:
+            fully_shard_policy(ref, mesh)
+    return policy, ref

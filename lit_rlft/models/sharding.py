@@ -44,6 +44,18 @@ def fully_shard_policy(policy: nn.Module, mesh: Any, mp_policy: Any = None) -> N
     fully_shard(model, **kwargs)
 
 
+def data_parallel_mesh(mesh: Any) -> Any:
+    """The 1-D data-parallel mesh of a strategy's device mesh (FSDP2 shards over it); refuses tensor parallelism.
+
+    Lightning's ``ModelParallelStrategy`` names its dimensions ``data_parallel`` and ``tensor_parallel``.
+    """
+    names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
+    if "tensor_parallel" in names and mesh["tensor_parallel"].size() != 1:
+        raise ValueError("ModelParallelStrategy: lit_rlft shards the policy with FSDP2 only; set tensor_parallel_size: "
+                         "1 (and data_parallel_size to the number of devices)")
+    return mesh["data_parallel"] if "data_parallel" in names else mesh
+
+
 def is_sharded(policy: nn.Module | None) -> bool:
     """Whether ``policy`` was sharded with FSDP2."""
     if policy is None:

@@ -59,9 +59,12 @@ class RolloutWorker:
         step: int,
         split: Split = "train",
         seed: int | None = None,
-    ) -> Rollouts:
+    ) -> tuple[Rollouts, Any]:
         """Roll out the prompts ``prompt_ids`` ``[B]`` of ``split`` and score every completion (``seed``: the engine
-        call's seed, see :meth:`RolloutEngine.generate`)."""
+        call's seed, see :meth:`RolloutEngine.generate`).
+
+        Returns the :class:`Rollouts` and the scorer's result (a :class:`~lit_rlft.rewards.runner.RewardResult`,
+        whose failure counts the step gathers)."""
         G = num_generations
         ids = np.asarray(prompt_ids, dtype=np.int64)
         prompts = source.prompt_tokens(ids, split)
@@ -73,7 +76,7 @@ class RolloutWorker:
         scored = self.rewards(texts, columns)
         rewards = scored.total.view(len(ids), G)  # [B, G]
         p_tok, p_mask = left_pad(prompts, self.tokenizer.pad_token_id)  # [B, P] each
-        return Rollouts(
+        rollouts = Rollouts(
             prompt_ids=torch.as_tensor(ids),
             prompt_tokens=p_tok.repeat_interleave(G, dim=0),  # [N, P]
             prompt_mask=p_mask.repeat_interleave(G, dim=0),  # [N, P]
@@ -91,3 +94,4 @@ class RolloutWorker:
             pad_id=self.tokenizer.pad_token_id,
             generation_s=seconds,
         )
+        return rollouts, scored

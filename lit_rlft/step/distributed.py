@@ -18,11 +18,13 @@ Lightning-free: usable from the Trainer glue, the Fabric loop or a plain ``torch
 
 from __future__ import annotations
 
+import hashlib
+import pickle
+import time
 import traceback
 from typing import Any
 
 import numpy as np
-import torch
 
 __all__ = ["Collective", "LocalCollective", "RankFailure", "TorchCollective", "get_collective", "shard_slice",
            "padded_shard"]
@@ -32,8 +34,13 @@ class RankFailure(RuntimeError):
     """A step failed on one or more ranks; raised on every rank so that none waits forever for the others."""
 
 
+#: How long a rank whose collective broke waits for the rank that caused it to post its failure.
+PEER_FAILURE_WAIT_S = 5.0
+
+
 class Collective:
-    """The collective calls the GRPO step needs. Subclasses implement :meth:`all_gather` and :meth:`broadcast`."""
+    """The collective calls the GRPO step needs. Subclasses implement :meth:`all_gather` and :meth:`broadcast`, and
+    may keep a failure board (:meth:`post_failure` / :meth:`failures`) outside the collectives."""
 
     rank: int = 0
     world_size: int = 1
@@ -50,17 +57,15 @@ class Collective:
         """Rank ``src``'s ``obj`` on every rank."""
         raise NotImplementedError
 
-    def barrier(self) -> None:
-        """Wait until every rank arrives."""
+    def post_failure(self, detail: str) -> None:
+        """Record that this rank failed with ``detail``, where every rank can read it without a collective."""
+
+    def failures(self, wait_s: float = 0.0) -> dict[int, str]:
+        """``{rank: detail}`` of every rank that posted a failure, in the order they were posted (waiting up to
+        ``wait_s`` for one to appear)."""
+        return {}
 
     # -- derived calls ------------------------------------------------------------------------------------------
-    def sum(self, values: dict[str, float]) -> dict[str, float]:
-        """Key-wise sum over ranks of a dict of numbers (the same keys on every rank)."""
-        if not self.is_distributed:
-            return dict(values)
-        parts = self.all_gather(values)
-        return {k: float(sum(p[k] for p in parts)) for k in values}
-
     def reduce_metrics(self, values: dict[str, float]) -> dict[str, float]:
         """Combine per-rank metrics: keys ending in ``/min`` take the minimum, ``/max`` the maximum, others the mean.
 
@@ -91,31 +96,52 @@ class Collective:
                 payload, error = None, exc
             parts = collective.gather_checked(payload, error, "generating and scoring rollouts")
 
-        The message names the failed ranks and their errors; on a failed rank the original exception is chained.
+        The message names the failed ranks and their errors, first failure first; on a failed rank the original
+        exception is chained. A failed rank posts its error on the failure board before gathering: when the other
+        ranks are inside another collective (FSDP2's all-gathers while generating), the gather breaks, and every
+        rank then names the root cause from the board instead of the broken collective.
         """
         detail = None
         if error is not None:
             detail = f"{type(error).__name__}: {error}"
             if not self.is_distributed:
                 raise error
-        parts = self.all_gather((detail, None if error is not None else payload))
-        failed = [(r, d) for r, (d, _) in enumerate(parts) if d is not None]
+            self.post_failure(detail)
+        try:
+            parts = self.all_gather((detail, None if error is not None else payload))
+        except Exception as broken:  # a rank failed elsewhere and left (or broke) this collective
+            posted = self.failures(wait_s=PEER_FAILURE_WAIT_S)
+            if not posted:
+                raise
+            raise self._failure(what, posted, error) from (error or broken)
+        failed = {r: d for r, (d, _) in enumerate(parts) if d is not None}
         if failed:
-            lines = "; ".join(f"rank {r}: {d}" for r, d in failed)
-            message = f"{what} failed on rank {', '.join(str(r) for r, _ in failed)} of {self.world_size} ({lines})"
-            if error is not None:
-                message += "\n" + "".join(traceback.format_exception(error)).rstrip()
-                raise RankFailure(message) from error
-            raise RankFailure(message)
+            posted = self.failures()  # the order the ranks failed in, where the board knows it
+            ordered = {**{r: posted[r] for r in posted if r in failed}, **failed}
+            raise self._failure(what, ordered, error) from error
         return [p for _, p in parts]
 
-    def check_same(self, value: np.ndarray, what: str) -> tuple[np.ndarray, int]:
-        """Rank 0's ``value`` on every rank, and how many ranks held something else (0 when all agree)."""
+    def _failure(self, what: str, failed: dict[int, str], error: BaseException | None) -> RankFailure:
+        lines = "; ".join(f"rank {r}: {d}" for r, d in failed.items())
+        message = f"{what} failed on rank {', '.join(str(r) for r in failed)} of {self.world_size} ({lines})"
+        if error is not None:
+            message += "\n" + "".join(traceback.format_exception(error)).rstrip()
+        return RankFailure(message)
+
+    def check_same(self, value: Any, what: str) -> None:
+        """Raise :class:`RankFailure` on every rank, naming the ranks, unless every rank holds the same ``value``
+        (compared by a digest of its pickle)."""
         if not self.is_distributed:
-            return value, 0
-        parts = self.all_gather(np.asarray(value))
-        mismatches = sum(not np.array_equal(parts[0], p) for p in parts[1:])
-        return parts[0], mismatches
+            return
+        digests = self.all_gather(hashlib.sha256(pickle.dumps(value)).hexdigest())
+        differ = [r for r, d in enumerate(digests) if d != digests[0]]
+        if differ:
+            raise RankFailure(
+                f"{what} differs between ranks: rank {', '.join(map(str, differ))} of {self.world_size} disagree with "
+                "rank 0. Every rank must compute the same global decisions from the same gathered outcomes (a "
+                "callback whose state or random generator differs between ranks does this); stopping before any "
+                "rank makes a collective call the others do not"
+            )
 
 
 class LocalCollective(Collective):
@@ -132,7 +158,11 @@ class LocalCollective(Collective):
 
 
 class TorchCollective(Collective):
-    """The default ``torch.distributed`` process group (initialised by Lightning or Fabric)."""
+    """The default ``torch.distributed`` process group (initialised by Lightning or Fabric).
+
+    Its failure board is the process group's key-value store (the rendezvous ``TCPStore``), which every rank reaches
+    without a collective: ``lit_rlft/failure/<rank>`` holds a rank's error, numbered by an atomic counter.
+    """
 
     def __init__(self) -> None:
         import torch.distributed as dist
@@ -153,8 +183,42 @@ class TorchCollective(Collective):
         self._dist.broadcast_object_list(box, src=src)
         return box[0]
 
-    def barrier(self) -> None:
-        self._dist.barrier()
+    def _store(self) -> Any:
+        try:
+            from torch.distributed.distributed_c10d import _get_default_store
+
+            return _get_default_store()
+        except Exception:  # pragma: no cover - a process group without a store: no board, plain collectives
+            return None
+
+    def post_failure(self, detail: str) -> None:
+        store = self._store()
+        if store is None:
+            return
+        try:
+            order = store.add("lit_rlft/failures", 1)
+            store.set(f"lit_rlft/failure/{self.rank}", f"{order}|{detail}")
+        except Exception:  # pragma: no cover - the store is gone: the gather still reports this rank
+            pass
+
+    def failures(self, wait_s: float = 0.0) -> dict[int, str]:
+        store = self._store()
+        if store is None:
+            return {}
+        deadline = time.monotonic() + wait_s
+        while True:
+            found: list[tuple[int, int, str]] = []
+            try:
+                for r in range(self.world_size):
+                    key = f"lit_rlft/failure/{r}"
+                    if store.check([key]):
+                        order, _, detail = store.get(key).decode().partition("|")
+                        found.append((int(order), r, detail))
+            except Exception:  # pragma: no cover - the store's host is gone
+                return {}
+            if found or time.monotonic() >= deadline:
+                return {r: detail for _, r, detail in sorted(found)}
+            time.sleep(0.1)
 
 
 def get_collective() -> Collective:
@@ -192,19 +256,3 @@ def padded_shard(ids: np.ndarray, rank: int, world_size: int) -> tuple[np.ndarra
         filler = local[-1:] if valid else ids[:1]
         local = np.concatenate([local, np.repeat(filler, per - valid, axis=0)]) if filler.size else local
     return local, valid
-
-
-def seed_salt(rank: int) -> int:
-    """What a rank adds to a generation seed (0 on rank 0, so one-process runs keep their seeds)."""
-    return int(rank) * 7_919
-
-
-def to_cpu(obj: Any) -> Any:
-    """Tensors in a nested structure moved to the CPU (before pickling them for a gather)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_cpu(v) for v in obj)
-    return obj

@@ -42,3 +42,21 @@ def adamw_with_warmup(
         opt, lambda step: warmup_factor(step, warmup_steps, schedule, total_steps)
     )
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def configure_adamw(policy: torch.nn.Module, optim: Any, total_steps: int | None) -> dict[str, Any]:
+    """AdamW and its scheduler for ``policy`` from an :class:`~lit_rlft.step.config.OptimConfig`; warns (rank 0)
+    when AdamW would update bfloat16 / float16 weights in place. ``total_steps``: optimizer steps of the run (the
+    cosine schedule's length; None if unknown)."""
+    import warnings
+
+    import torch.distributed as dist
+
+    from lit_rlft.models.sharding import low_precision_warning
+
+    warning = low_precision_warning(policy, optim.learning_rate)
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    if warning and rank == 0:
+        warnings.warn(warning, UserWarning, stacklevel=2)
+    return adamw_with_warmup(policy.parameters(), optim.learning_rate, optim.adam_betas, optim.weight_decay,
+                             optim.warmup_steps, optim.lr_scheduler, total_steps)

@@ -53,9 +53,6 @@ class UpdateBackend(Protocol):
     @property
     def device(self) -> torch.device: ...
 
-    @property
-    def world_size(self) -> int: ...
-
     def backward(self, loss: Tensor) -> None:
         """``loss.backward()`` the loop's way (mixed-precision scaling, DDP's reducer...)."""
         ...
@@ -131,6 +128,7 @@ class PolicyUpdater:
         self.max_nonfinite_skips = max_nonfinite_skips
         self.skips_in_a_row = 0
         self.skips_total = 0
+        self.optimizer_steps = 0  # over the updater's life (what trainer.max_steps counts)
 
     def weight(self, rollouts: Rollouts, rows: Tensor) -> float:
         """A micro-batch's share of its mini-batch's loss: tokens for ``dapo``, sequences otherwise."""
@@ -178,6 +176,7 @@ class PolicyUpdater:
                 else:
                     self._skip(backend, stats, norm)
                 backend.optimizer_step()
+                self.optimizer_steps += 1
         skipped = len(stats.pop("nonfinite_skips", []))
         reduce = {"/min": np.min, "/max": np.max}
         metrics = {k: float(reduce.get(k[k.rfind("/"):], np.mean)(v)) for k, v in stats.items()}
@@ -194,8 +193,8 @@ class PolicyUpdater:
         if self.max_nonfinite_skips and self.skips_in_a_row >= self.max_nonfinite_skips:
             raise NonFiniteUpdateError(
                 f"{self.skips_in_a_row} optimizer steps in a row had a non-finite loss or gradient (norm {norm}); "
-                "their updates were skipped and the weights are still finite. Lower model.learning_rate, check the "
-                "rewards and the precision (bf16-mixed rather than 16-mixed), or raise model.max_nonfinite_skips"
+                "their updates were skipped and the weights are still finite. Lower model.optim.learning_rate, check the "
+                "rewards and the precision (bf16-mixed rather than 16-mixed), or raise model.optim.max_nonfinite_skips"
             )
 
     @torch.no_grad()
@@ -240,7 +239,6 @@ def _sum_lists(parts: list[list[float]]) -> list[float]:
     return [float(sum(values)) for values in zip(*parts)]
 
 
-
 class TorchBackend:
     """:class:`UpdateBackend` for a plain PyTorch loop on one process (no data parallelism).
 
@@ -262,10 +260,6 @@ class TorchBackend:
     @property
     def device(self) -> torch.device:
         return self._device
-
-    @property
-    def world_size(self) -> int:
-        return 1
 
     def backward(self, loss: Tensor) -> None:
         loss.backward()

@@ -1,0 +1,171 @@
+"""The step's typed settings: how completions are sampled (:class:`GenerationConfig`) and how the policy is updated
+(:class:`OptimConfig`). The loss's settings are :class:`~lit_rlft.core.losses.GRPOLoss` itself.
+
+In YAML they are nested under the module (``model.generation.temperature``, ``model.optim.learning_rate``,
+``model.loss.loss_type``); attribute docstrings are the CLI's ``--help`` text. Each value is checked once, here, with
+a message that names the key to change.
+
+Flat keys of lit_rlft 0.2 (``model.learning_rate``, ...) moved: :data:`MOVED_KEYS` says where, and the CLI and the
+module's constructor answer an old key with a one-line pointer to the new one (:func:`moved_key_message`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from lit_rlft.rollout.base import SamplingConfig
+
+__all__ = ["GenerationConfig", "MOVED_KEYS", "OptimConfig", "moved_key_message", "nest_flat_options"]
+
+
+@dataclass
+class GenerationConfig:
+    """How completions are sampled (``model.generation``; TRL's names)."""
+
+    num_generations: int = 8
+    """Completions per prompt (``G``); at least 2 for group-relative advantages."""
+    temperature: float = 1.0
+    """Sampling temperature, also applied to the training log-probs (as TRL does)."""
+    top_p: float = 1.0
+    """Nucleus sampling."""
+    top_k: int = 0
+    """Top-k sampling (0 = off)."""
+    max_completion_length: int = 256
+    """New tokens per completion at most."""
+    seed: int | None = 0
+    """Re-seed sampling at every rollout step from ``(seed, step, rank)``, so a resumed run samples what the
+    uninterrupted run sampled and ranks sample independently (None: never re-seed)."""
+    eval_num_generations: int = 1
+    """Samples per validation prompt (mean@k accuracy and pass@k)."""
+    eval_temperature: float | None = None
+    """Validation temperature (None: the training temperature)."""
+
+    def __post_init__(self) -> None:
+        if self.num_generations < 2:
+            raise ValueError(f"model.generation.num_generations must be >= 2 for group-relative advantages, got "
+                             f"{self.num_generations}")
+        if self.eval_num_generations < 1:
+            raise ValueError(f"model.generation.eval_num_generations must be >= 1, got {self.eval_num_generations}")
+        for name in ("temperature", "eval_temperature"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"model.generation.{name} must be > 0 (sampling, not greedy decoding), got {value}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"model.generation.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"model.generation.top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.max_completion_length < 1:
+            raise ValueError(f"model.generation.max_completion_length must be >= 1, got {self.max_completion_length}")
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """The engine's settings for training rollouts."""
+        return SamplingConfig(self.temperature, self.top_p, self.top_k, self.max_completion_length)
+
+    @property
+    def eval_sampling(self) -> SamplingConfig:
+        """The engine's settings for validation."""
+        temperature = self.temperature if self.eval_temperature is None else self.eval_temperature
+        return SamplingConfig(temperature, self.top_p, self.top_k, self.max_completion_length)
+
+
+@dataclass
+class OptimConfig:
+    """How the policy is updated (``model.optim``): AdamW, its schedule, and how each rollout batch is split."""
+
+    learning_rate: float = 1e-6
+    """AdamW learning rate."""
+    adam_betas: tuple[float, float] = (0.9, 0.99)
+    """AdamW betas."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    warmup_steps: int = 0
+    """Linear warm-up, in optimizer steps."""
+    lr_scheduler: Literal["constant", "cosine"] = "constant"
+    """After warm-up: constant, or cosine to 0 at ``trainer.max_steps``."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm (0 = off)."""
+    num_iterations: int = 1
+    """Passes over each rollout batch (TRL's ``num_iterations``, PPO epochs)."""
+    num_mini_batches: int = 1
+    """Optimizer steps per pass; each rank's sequences are shuffled and split."""
+    micro_batch_size: int | None = None
+    """Sequences per forward/backward (gradient accumulation inside a mini-batch; None: the whole mini-batch)."""
+    max_nonfinite_skips: int = 3
+    """An optimizer step whose loss or gradient is NaN / infinite is skipped (logged as ``nonfinite_skips``); after
+    this many in a row the run stops with an error (0 = never stop)."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_iterations", "num_mini_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model.optim.{name} must be >= 1, got {getattr(self, name)}")
+        if self.micro_batch_size is not None and self.micro_batch_size < 1:
+            raise ValueError(f"model.optim.micro_batch_size must be >= 1 or null, got {self.micro_batch_size}")
+        if self.lr_scheduler not in ("constant", "cosine"):
+            raise ValueError(f"model.optim.lr_scheduler must be constant or cosine, got {self.lr_scheduler!r}")
+        if self.max_nonfinite_skips < 0:
+            raise ValueError(f"model.optim.max_nonfinite_skips must be >= 0 (0 = never stop), got "
+                             f"{self.max_nonfinite_skips}")
+        if self.warmup_steps < 0 or self.learning_rate <= 0:
+            raise ValueError(f"model.optim: learning_rate must be > 0 and warmup_steps >= 0, got "
+                             f"{self.learning_rate} and {self.warmup_steps}")
+
+
+#: Flat keys of lit_rlft 0.2's ``GRPOModule`` -> where they live now.
+MOVED_KEYS: dict[str, str] = {
+    **{k: f"generation.{k}" for k in ("num_generations", "temperature", "top_p", "top_k", "max_completion_length",
+                                       "eval_num_generations", "eval_temperature")},
+    "generation_seed": "generation.seed",
+    "generation_batch_size": "engine.init_args.max_batch_size",
+    **{k: f"loss.{k}" for k in ("loss_type", "epsilon", "epsilon_high", "beta", "off_policy", "importance_cap",
+                                 "mismatch_correction", "mismatch_cap")},
+    **{k: f"optim.{k}" for k in ("learning_rate", "adam_betas", "weight_decay", "warmup_steps", "lr_scheduler",
+                                  "max_grad_norm", "num_iterations", "num_mini_batches", "micro_batch_size",
+                                  "max_nonfinite_skips")},
+}
+
+
+def moved_key_message(key: str, prefix: str = "model.") -> str | None:
+    """``model.learning_rate moved to model.optim.learning_rate`` for a 0.2 key (None for any other key)."""
+    new = MOVED_KEYS.get(key)
+    if new is None:
+        return None
+    example = "--model.engine lit_rlft.rollout.HFEngine --model.engine.max_batch_size N" if key == \
+        "generation_batch_size" else f"--{prefix}{new}"
+    return f"{prefix}{key} moved to {prefix}{new} in lit_rlft 0.3 (YAML: nest it under {prefix}{new.split('.')[0]}; " \
+           f"command line: {example})"
+
+
+def nest_flat_options(options: dict[str, Any], base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """0.2-style flat ``GRPOModule`` keyword arguments -> 0.3's (``generation`` / ``loss`` / ``optim`` objects).
+
+    For scripts that hold flat options (the fingerprint script, old notebooks); new code passes the configs.
+    ``generation_batch_size`` becomes an ``HFEngine(max_batch_size=...)``. ``base`` holds configs given explicitly
+    (``{"optim": OptimConfig(...)}``): the flat keys override their fields.
+    """
+    import dataclasses
+
+    from lit_rlft.core.losses import GRPOLoss
+    from lit_rlft.rollout.hf import HFEngine
+
+    builders = {"generation": GenerationConfig, "loss": GRPOLoss, "optim": OptimConfig}
+    out: dict[str, Any] = dict(base or {})
+    nested: dict[str, dict[str, Any]] = {}
+    for key, value in options.items():
+        target = MOVED_KEYS.get(key)
+        if key == "generation_batch_size":
+            out["engine"] = HFEngine(max_batch_size=value)
+        elif target is None:
+            out[key] = value
+        else:
+            group, name = target.split(".", 1)
+            nested.setdefault(group, {})[name] = value
+    for group, values in nested.items():
+        given = out.get(group)
+        if given is None:
+            out[group] = builders[group](**values)
+        else:
+            given = builders[group](**given) if isinstance(given, dict) else given
+            out[group] = dataclasses.replace(given, **values)
+    return out

@@ -1,0 +1,164 @@
+"""The declared seams of a GRPO step: what callbacks may use of it (:class:`StepContext`), how they reshape a
+batch (:class:`RolloutHook`), and what a step returns (:class:`StepOutput`).
+
+:class:`~lit_rlft.step.grpo.GRPOStep` implements :class:`StepContext`; lit_rlft's callbacks are typed against the
+Protocol and tested against a minimal fake of it, never against ``GRPOModule``'s members. Lightning-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from lit_rlft.core.types import OutcomeRecord, Rollouts
+    from lit_rlft.data.plan import BatchPlan
+    from lit_rlft.data.pool import PromptPool
+    from lit_rlft.step.budget import RolloutBudget
+    from lit_rlft.step.distributed import Collective
+
+__all__ = ["PromptData", "RolloutHook", "StepContext", "StepOutput"]
+
+
+class PromptData(Protocol):
+    """The prompt source of a step (``PromptDataModule`` is one): the batch plan, the pools, and rendering."""
+
+    plan: BatchPlan
+    train_pool: PromptPool
+    batch_size: int
+
+    def prompt_tokens(self, ids: np.ndarray, split: str = "train") -> list[list[int]]: ...
+
+    def prompt_texts(self, ids: np.ndarray, split: str = "train") -> list[str]: ...
+
+    def reward_columns(self, ids: np.ndarray, split: str = "train") -> dict[str, list[Any]]: ...
+
+
+@runtime_checkable
+class StepContext(Protocol):
+    """What a callback may use of the running step.
+
+    ``rollout_step`` counts completed rollout steps: inside :meth:`RolloutHook.on_rollouts` it is the index of the
+    step being run; after a step (``on_train_batch_end``) the step that just ran is ``rollout_step - 1`` and the one
+    being planned is ``rollout_step``.
+    """
+
+    @property
+    def rollout_step(self) -> int: ...
+
+    @property
+    def num_generations(self) -> int:
+        """``G``, completions per prompt."""
+        ...
+
+    @property
+    def collective(self) -> Collective:
+        """The ranks of the run (decisions must be the same on each)."""
+        ...
+
+    @property
+    def budget(self) -> RolloutBudget:
+        """Cumulative rollout cost of the run (global)."""
+        ...
+
+    @property
+    def data(self) -> PromptData: ...
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """Ids that end a completion (a stored completion without one was cut at the length limit)."""
+        ...
+
+    @property
+    def policy(self) -> nn.Module:
+        """The policy (DOTS embeds prompts with its base model)."""
+        ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def rollout(self, prompt_ids: np.ndarray, purpose: str = "train") -> tuple[Rollouts, OutcomeRecord]:
+        """Roll out the global prompt ids ``[b]`` (a collective call: every rank, the same ids): this rank's
+        :class:`Rollouts` and every rank's :class:`OutcomeRecord`, charged to the budget under ``purpose``."""
+        ...
+
+    def success_rates(self, prompt_ids: np.ndarray, purpose: str = "reference") -> np.ndarray:
+        """Roll out ``prompt_ids`` ``[K]`` (any ``K``, a collective call) and return their success rates ``[K]``."""
+        ...
+
+    def log(self, metrics: Mapping[str, float]) -> None:
+        """Scalars at the current rollout step (TensorBoard under the Trainer and Fabric)."""
+        ...
+
+    def log_text(self, tag: str, text: str) -> None:
+        """A text (markdown) at the current rollout step, written by rank 0."""
+        ...
+
+    def ends_after_this_step(self) -> bool:
+        """Whether training stops after the step that just ran (``max_steps``, a stop request, a spent budget):
+        planning a next step would be wasted work."""
+        ...
+
+    @property
+    def log_dir(self) -> str:
+        """Where the run writes its files."""
+        ...
+
+
+@runtime_checkable
+class RolloutHook(Protocol):
+    """Reshapes a step's batch after scoring and before advantages (dynamic sampling refills, replay mixes in).
+
+    ``rollouts`` are this rank's, ``record`` every rank's outcomes. A hook returns both, consistent
+    (``record.trained_batch()`` is the global batch whose slice on this rank is ``rollouts``), with the same number of
+    groups on every rank; more generation goes through ``ctx.rollout(ids)``, which every rank calls with the same ids.
+    """
+
+    def on_rollouts(self, ctx: StepContext, rollouts: Rollouts,
+                    record: OutcomeRecord) -> tuple[Rollouts, OutcomeRecord]: ...
+
+
+@dataclass(frozen=True)
+class StepOutput(Mapping[str, Any]):
+    """What one rollout step returns (and what ``on_train_batch_end`` receives as ``outputs``).
+
+    A read-only mapping of its fields as well, because Lightning's manual optimisation copies a ``training_step``
+    output that is a mapping and hands it to the callbacks unchanged.
+    """
+
+    step: int
+    """The rollout step that ran (0-based)."""
+    rollouts: Rollouts
+    """This rank's trained rollouts (fresh and replayed); ``old_logprobs`` filled by the update."""
+    record: OutcomeRecord
+    """Every rank's outcomes: the global batch and every group rolled out but not trained on."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The step's scalars (also logged): rewards, loss statistics, budget, times."""
+    optimizer_steps: int = 0
+    """Optimizer steps this rollout step made (``num_iterations * num_mini_batches``)."""
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in _OUTPUT_FIELDS:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_OUTPUT_FIELDS)
+
+    def __len__(self) -> int:
+        return len(_OUTPUT_FIELDS)
+
+    def copy(self) -> StepOutput:
+        return replace(self)
+
+
+_OUTPUT_FIELDS: Sequence[str] = tuple(f.name for f in fields(StepOutput))

@@ -1,0 +1,365 @@
+"""GRPOStep: one GRPO rollout step, without Lightning. ``GRPOModule`` (Trainer) and ``FabricLoop`` drive it; so can a
+plain PyTorch loop (see ``docs/design.md``).
+
+One step, as named calls (:meth:`GRPOStep.run`)::
+
+    prompt_ids = self.plan_batch()                          # 1. the global plan, checked equal on every rank
+    rollouts, record = self.rollout(prompt_ids)             # 2-3. this rank's slice: generate, score, gather outcomes
+    rollouts, record = hook.on_rollouts(self, ...)          # 4. rollout hooks reshape (dynamic sampling, replay)
+    advantages = group_advantages(...)                      # 5. group-relative advantages
+    self.updater.update(rollouts, advantages, backend, ...) # 6. num_iterations x num_mini_batches optimizer steps
+    self.sync_engine()                                      #    vLLM: push the new weights (HF: nothing to do)
+    # 7. the driver calls the callbacks' after-step hooks with the StepOutput
+
+Notation: ``B`` prompts (global), ``G = num_generations``, ``N = B * G``, ``W`` ranks. On ``W`` ranks, rank ``r``
+rolls out and trains on the ``r``-th slice of ``B / W`` prompts; the record holds every rank's outcomes.
+
+The step owns what a step needs: the rollout worker and its engine (set up once, in :meth:`attach`), the collective,
+the seeds, the global budget and reward-failure counts, the reference policy, the updater, and the step's metrics.
+It is the :class:`~lit_rlft.step.context.StepContext` that callbacks see.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from lit_rlft.core.advantages import ScaleRewards, group_advantages
+from lit_rlft.core.losses import GRPOLoss
+from lit_rlft.core.types import OutcomeRecord, Rollouts
+from lit_rlft.models.sharding import hf_model, is_sharded
+from lit_rlft.rollout.base import RolloutEngine, SamplingConfig, stop_token_ids
+from lit_rlft.rollout.worker import RolloutWorker, Split
+from lit_rlft.step.budget import RolloutBudget
+from lit_rlft.step.config import GenerationConfig, OptimConfig
+from lit_rlft.step.context import PromptData, RolloutHook, StepOutput
+from lit_rlft.step.distributed import Collective, LocalCollective, padded_shard, shard_slice
+from lit_rlft.step.metrics import ValidationMetrics, rollout_metrics
+from lit_rlft.step.rewards_report import RewardFailureLog, failure_counts
+from lit_rlft.step.seeding import StepSeeds
+from lit_rlft.step.update import PolicyUpdater, UpdateBackend, sequence_logprobs
+
+__all__ = ["GRPOStep"]
+
+MetricSink = Callable[[Mapping[str, float], int], None]
+"""``(metrics, rollout step) -> None``: where the step and its callbacks log scalars."""
+TextSink = Callable[[str, str, int], None]
+"""``(tag, text, rollout step) -> None``."""
+
+
+class GRPOStep:
+    """One GRPO rollout step with the off-policy (replay) loss; Lightning-free.
+
+    Args:
+        engine: the rollout engine (set up with the policy in :meth:`attach`).
+        rewards: ``(completions [N], columns) -> RewardResult`` (a :class:`~lit_rlft.rewards.runner.RewardRunner`).
+        tokenizer: the policy's tokenizer.
+        generation: how completions are sampled.
+        loss: the per-micro-batch loss (its ``max_completion_length`` defaults to the generation's).
+        optim: how each rollout batch is split into optimizer steps (the optimizer itself is the backend's).
+        scale_rewards: ``group`` (GRPO), ``batch`` or ``none`` (Dr. GRPO) advantage normalisation.
+        success_threshold: a completion is correct when its total reward is at least this.
+
+    Before the first step: :meth:`bind` (the prompt data, the ranks, where to log) and :meth:`attach` (the policy).
+    """
+
+    def __init__(self, engine: RolloutEngine, rewards: Callable[..., Any], tokenizer: Any, *,
+                 generation: GenerationConfig | None = None, loss: GRPOLoss | None = None,
+                 optim: OptimConfig | None = None, scale_rewards: ScaleRewards = "group",
+                 success_threshold: float = 1.0):
+        if scale_rewards not in ("group", "batch", "none"):
+            raise ValueError(f"model.scale_rewards must be one of group, batch, none; got {scale_rewards!r}")
+        self.generation = generation or GenerationConfig()
+        self.optim = optim or OptimConfig()
+        loss = loss or GRPOLoss()
+        if loss.max_completion_length is None:
+            loss = dataclasses.replace(loss, max_completion_length=self.generation.max_completion_length)
+        self.loss_fn = loss
+        self.scale_rewards = scale_rewards
+        o = self.optim
+        self.updater = PolicyUpdater(loss, self.generation.temperature, o.num_iterations, o.num_mini_batches,
+                                     o.micro_batch_size, o.max_grad_norm, o.max_nonfinite_skips)
+        self.engine, self.rewards, self.tokenizer = engine, rewards, tokenizer
+        self.worker = RolloutWorker(engine, rewards, tokenizer, success_threshold)
+        self.seeds = StepSeeds(self.generation.seed)
+        self.budget = RolloutBudget()
+        self.reward_failures = RewardFailureLog()
+        self.rollout_step = 0  # completed rollout steps (checkpointed)
+        self.collective: Collective = LocalCollective()
+        self._data: PromptData | None = None
+        self.policy: nn.Module | None = None
+        self.reference: nn.Module | None = None  # frozen copy for the KL term (full fine-tuning with beta > 0)
+        self.stop_token_ids: list[int] = []
+        self.val_metrics: ValidationMetrics | None = None
+        self._sink: MetricSink = lambda metrics, step: None
+        self._text_sink: TextSink = lambda tag, text, step: None
+        self._ends: Callable[[], bool] = lambda: False
+        self._log_dir = "."
+        self._log_step = 0
+        self._generation_s = 0.0
+        self._sync_s = 0.0
+        self._no_signal_warned = -math.inf
+
+    # ------------------------------------------------------------------------------------------------ wiring
+    def bind(self, data: PromptData, collective: Collective | None = None, *, sink: MetricSink | None = None,
+             text_sink: TextSink | None = None, ends: Callable[[], bool] | None = None, log_dir: str | None = None,
+             stage: str = "fit") -> None:
+        """Connect the step to its prompt data, its ranks and its driver's logging and stop condition."""
+        self._data = data
+        self.collective = collective or LocalCollective()
+        self._sink = sink or self._sink
+        self._text_sink = text_sink or self._text_sink
+        self._ends = ends or self._ends
+        self._log_dir = log_dir or self._log_dir
+        set_tokenizer = getattr(data, "set_tokenizer", None)
+        if set_tokenizer is not None:
+            set_tokenizer(self.tokenizer)
+        world = self.collective.world_size
+        if stage == "fit" and data.batch_size % world:
+            raise ValueError(
+                f"data.batch_size ({data.batch_size}) must divide by the number of ranks ({world}): the global batch "
+                f"is split evenly, every rank rolls out data.batch_size / {world} prompts"
+            )
+        if getattr(data, "val_pool", None) is not None:
+            difficulty = data.reward_columns(data.val_pool.ids, "val").get("difficulty")
+            buckets = sorted(set(difficulty), key=str) if difficulty is not None else []
+            self.val_metrics = ValidationMetrics(self.generation.eval_num_generations, buckets)
+
+    def attach(self, policy: nn.Module, reference: nn.Module | None = None) -> None:
+        """Use ``policy`` (built, and sharded if it is), with ``reference`` for the KL term, and set the engine up
+        with it: exactly once per policy, however often the drivers call this."""
+        if policy is self.policy:
+            self.reference = reference if reference is not None else self.reference
+            return
+        self.policy, self.reference = policy, reference
+        self.stop_token_ids = stop_token_ids(hf_model(policy), self.tokenizer)
+        self.engine.setup(policy, self.tokenizer, sharded=is_sharded(policy))
+
+    @property
+    def data(self) -> PromptData:
+        if self._data is None:
+            raise RuntimeError("GRPOStep: no prompt data (call bind first; GRPOModule needs a PromptDataModule: "
+                               "trainer.fit(module, datamodule=...))")
+        return self._data
+
+    @property
+    def device(self) -> torch.device:
+        """Where the policy's (local) parameters are: the step's log-prob passes run there."""
+        param = next(self.policy.parameters(), None) if self.policy is not None else None
+        return param.device if param is not None else torch.device("cpu")
+
+    @property
+    def num_generations(self) -> int:
+        return self.generation.num_generations
+
+    @property
+    def log_dir(self) -> str:
+        return self._log_dir
+
+    def log(self, metrics: Mapping[str, float]) -> None:
+        self._sink(metrics, self._log_step)
+
+    def log_text(self, tag: str, text: str) -> None:
+        if self.collective.rank == 0:
+            self._text_sink(tag, text, self._log_step)
+
+    def ends_after_this_step(self) -> bool:
+        return bool(self._ends())
+
+    # ------------------------------------------------------------------------------------------------ rollouts
+    def rollout(self, prompt_ids: np.ndarray, purpose: str = "train", split: Split = "train",
+                sampling: SamplingConfig | None = None, num_generations: int | None = None,
+                pad: bool = False) -> tuple[Rollouts, OutcomeRecord]:
+        """Roll out the global prompt ids ``[b]``: this rank generates and scores its slice, every rank gathers the
+        outcomes (steps 2-3). A collective call: every rank must make it with the same ids.
+
+        Returns this rank's :class:`Rollouts` and the :class:`OutcomeRecord` of all ``b`` prompts; the call is charged
+        to the global budget under ``purpose`` unless ``purpose == "eval"``. ``b`` must divide by the number of ranks,
+        unless ``pad``: then each rank rolls out ``ceil(b / W)`` prompts (a rank short of them repeats its last one;
+        the repeats are generated and charged but left out of the record), and this rank's real rows are the first
+        ``padded_shard(prompt_ids, rank, W)[1]`` groups of its rollouts.
+        """
+        coll = self.collective
+        ids = np.asarray(prompt_ids, dtype=np.int64)
+        if pad:
+            local_ids, valid = padded_shard(ids, coll.rank, coll.world_size)
+        else:
+            local_ids = ids[shard_slice(len(ids), coll.rank, coll.world_size, what=f"{purpose} batch")]
+            valid = len(local_ids)
+        payload = error = local = None
+        try:
+            local, scored = self.worker.rollout(self.data, local_ids, num_generations or self.num_generations,
+                                                sampling or self.generation.sampling, self.rollout_step, split,
+                                                seed=self.seeds.engine_seed(self.rollout_step, coll.rank))
+            cost = {"prompts": len(local_ids), "completions": local.completion_tokens.shape[0],
+                    "tokens": int(local.completion_mask.sum()), "seconds": local.generation_s}
+            kept = local.select_groups(torch.arange(valid)) if valid < len(local_ids) else local
+            payload = (OutcomeRecord.from_rollouts(kept), cost, failure_counts(scored))
+        except Exception as exc:
+            error = exc
+        parts = coll.gather_checked(payload, error, f"generating and scoring {purpose} rollouts")
+        record = OutcomeRecord.concat([p[0] for p in parts])
+        seconds = max(p[1]["seconds"] for p in parts)  # wall time: the ranks generate side by side
+        if purpose != "eval":
+            self.budget.add(sum(p[1]["prompts"] for p in parts), sum(p[1]["completions"] for p in parts),
+                            sum(p[1]["tokens"] for p in parts), seconds, purpose)
+            self._generation_s += seconds
+        self.reward_failures.add([p[2] for p in parts])
+        self.reward_failures.warn(coll.rank == 0, getattr(self.rewards, "fallback", 0.0))
+        return local, record
+
+    def success_rates(self, prompt_ids: np.ndarray, purpose: str = "reference") -> np.ndarray:
+        """Roll out ``prompt_ids`` ``[K]`` under the current policy; their success rates ``[K]``.
+
+        For prompts outside the training batch (DOTS' reference set): sharded over the ranks (any ``K``), charged to
+        the budget under ``purpose``, re-seeded from ``(seed, step, rank)`` so a resumed run labels the same.
+        """
+        self.seeds.reseed(self.rollout_step, salt=1, rank=self.collective.rank)
+        _, record = self.rollout(prompt_ids, purpose=purpose, pad=True)
+        return record.success_rates.numpy()
+
+    def plan_batch(self) -> np.ndarray:
+        """Step 1: the global prompt ids ``[B]`` of this step from the plan (callbacks wrote it last step).
+
+        The ids and the plan's state after drawing them are checked equal on every rank: a rank whose selection
+        state drifted would otherwise draw other prompts for dynamic-sampling rounds and replay fill-ins and make
+        other collective calls (a hang). The run stops on every rank instead, naming the ranks.
+        """
+        plan = self.data.plan
+        ids = plan.next_batch()
+        self.collective.check_same((ids.tolist(), plan.state_dict()), f"step {self.rollout_step}: the batch plan")
+        return ids
+
+    # ------------------------------------------------------------------------------------------------ the step
+    def run(self, backend: UpdateBackend, hooks: Sequence[RolloutHook] = ()) -> StepOutput:
+        """One rollout step with ``backend`` doing the optimisation; the step's outputs (see :class:`StepOutput`)."""
+        if self.policy is None:
+            raise RuntimeError("GRPOStep: no policy (call attach first)")
+        t_step = time.perf_counter()
+        self._log_step = self.rollout_step
+        self._generation_s = 0.0
+        self.seeds.reseed(self.rollout_step, salt=0, rank=self.collective.rank)
+        prompt_ids = self.plan_batch()  # 1
+        rollouts, record = self.rollout(prompt_ids)  # 2-3
+        for hook in hooks:  # 4
+            rollouts, record = hook.on_rollouts(self, rollouts, record)
+        trained = record.trained_batch()
+        batch_rewards = trained.rewards if self.collective.is_distributed else None
+        advantages = group_advantages(rollouts.rewards, self.scale_rewards, batch_rewards=batch_rewards)  # 5 [B_l, G]
+        steps_before = self.updater.optimizer_steps
+        loss_metrics = self.updater.update(rollouts, advantages.reshape(-1), backend, self.collective,
+                                           self.reference_logprobs)  # 6
+        if loss_metrics["nonfinite_skips"]:
+            self._warn(f"step {self.rollout_step}: {int(loss_metrics['nonfinite_skips'])} optimizer step(s) had a "
+                       f"non-finite loss or gradient and were skipped ({self.updater.skips_in_a_row} in a row; the "
+                       f"run stops at model.optim.max_nonfinite_skips={self.updater.max_nonfinite_skips})")
+        self.sync_engine()  # vLLM samples the next batch (and DOTS' reference set, validation) from these weights
+        self.rollout_step += 1
+        metrics = self._metrics(rollouts, record, trained, loss_metrics, time.perf_counter() - t_step)
+        return StepOutput(step=self.rollout_step - 1, rollouts=rollouts, record=record, metrics=metrics,
+                          optimizer_steps=self.updater.optimizer_steps - steps_before)
+
+    @torch.no_grad()
+    def reference_logprobs(self, rollouts: Rollouts, rows: Tensor) -> Tensor | None:
+        """``[n, L]`` log-probs under the reference policy (None without a KL term): the frozen copy, or the base
+        model with the LoRA adapters disabled."""
+        if self.loss_fn.beta == 0:
+            return None
+        temperature = self.generation.temperature
+        if self.reference is not None:
+            return sequence_logprobs(self.reference, rollouts, rows, temperature, self.device)[0]
+        with self.policy.disable_adapter():
+            return sequence_logprobs(self.policy, rollouts, rows, temperature, self.device)[0]
+
+    def sync_engine(self) -> None:
+        """Make the engine sample from the current weights (no-op for ``HFEngine``; a weight push for vLLM, timed
+        as ``time/weight_sync_s``). Every rank calls it (FSDP2 gathers)."""
+        t0 = time.perf_counter()
+        self.engine.sync_weights(self.policy)
+        self._sync_s = time.perf_counter() - t0
+
+    def _metrics(self, rollouts: Rollouts, record: OutcomeRecord, trained: OutcomeRecord,
+                 loss_metrics: dict[str, float], seconds: float) -> dict[str, float]:
+        metrics = rollout_metrics(rollouts, trained, self.collective)
+        metrics.update(self.collective.reduce_metrics(loss_metrics))
+        metrics.update(self.budget.metrics())
+        fresh = record.fresh()
+        metrics.update({f"rewards/{k}/mean": float(np.nanmean(v.numpy())) for k, v in fresh.reward_per_func.items()
+                        if v.numel() and not bool(torch.isnan(v).all())})
+        metrics.update({f"rewards/{k}": float(v) for k, v in self.reward_failures.totals.items()})
+        metrics["time/generation_s"] = self._generation_s
+        metrics["time/weight_sync_s"] = self._sync_s
+        metrics["time/step_s"] = seconds
+        metrics["time/generation_share"] = self._generation_s / max(seconds, 1e-9)
+        if self.collective.is_distributed:
+            metrics["dist/world_size"] = float(self.collective.world_size)
+        metrics["batch/no_signal"] = float(metrics["frac_reward_zero_std"] == 1.0)
+        if metrics["batch/no_signal"]:
+            self._warn_no_signal(trained)
+        return metrics
+
+    def _warn_no_signal(self, trained: OutcomeRecord) -> None:
+        """Say (rank 0, at most once a minute) that a batch had no group with reward variance."""
+        now = time.monotonic()
+        if now - self._no_signal_warned < 60.0:
+            return
+        self._no_signal_warned = now
+        rates = trained.success_rates.numpy()
+        self._warn(
+            f"step {self.rollout_step - 1}: no group of the {len(rates)} trained has reward variance "
+            f"({int((rates >= 1).sum())} all solved, {int((rates <= 0).sum())} all unsolved): the batch carries no "
+            "learning signal (every advantage is 0). Logged as batch/no_signal; if it persists, the data are too "
+            "easy or too hard for the policy, or the reward never fires (check rewards/<name>/mean)."
+        )
+
+    def _warn(self, message: str) -> None:
+        if self.collective.rank == 0:
+            import warnings
+
+            warnings.warn(message, UserWarning, stacklevel=3)
+
+    # ------------------------------------------------------------------------------------------------ validation
+    @torch.no_grad()
+    def validation_batch(self, prompt_ids: np.ndarray) -> None:
+        """Sample the global validation ids ``[b]`` at the eval temperature; each rank rolls out its share and
+        updates its metric states (synced across ranks by :meth:`validation_results`)."""
+        ids = np.asarray(prompt_ids, dtype=np.int64)
+        k = self.generation.eval_num_generations
+        local_ids, valid = padded_shard(ids, self.collective.rank, self.collective.world_size)
+        roll, _ = self.rollout(ids, purpose="eval", split="val", sampling=self.generation.eval_sampling,
+                               num_generations=k, pad=True)
+        roll = roll.select_groups(torch.arange(valid))
+        difficulty = self.data.reward_columns(local_ids[:valid], "val").get("difficulty") if valid else None
+        self.val_metrics.update(roll.correct, roll.rewards, difficulty)
+
+    def validation_results(self) -> dict[str, float]:
+        """``val/...`` metrics over every rank's validation prompts since the last call (then reset)."""
+        if self.val_metrics is None:
+            return {}
+        metrics = {f"val/{k}": v for k, v in self.val_metrics.compute().items()}
+        self.val_metrics.reset()
+        return metrics
+
+    # ------------------------------------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """The step's counters, for checkpoints (plain types)."""
+        return {"rollout_step": self.rollout_step, "budget": self.budget.state_dict(),
+                "reward_totals": self.reward_failures.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rollout_step = int(state.get("rollout_step", 0))
+        self.budget.load_state_dict(state.get("budget", {}))
+        self.reward_failures.load_state_dict(state.get("reward_totals", {}))
+
+    def close(self) -> None:
+        """Stop the reward worker processes (idempotent; a later rollout starts them again)."""
+        close = getattr(self.rewards, "close", None)
+        if close is not None:
+            close()
