@@ -50,7 +50,7 @@ def main() -> None:
                                  RolloutBudgetStop(max_completions=50_000)])
     loop.fit(module, data)
     loop.save(f"{a.out}/last.ckpt")
-    fabric.print(f"{module.rollout_step} rollout steps, {module.budget.completions} completions, "
+    fabric.print(f"{module.grpo.rollout_step} rollout steps, {module.grpo.budget.completions} completions, "
                  f"held-out accuracy {module.last_eval.get('val/accuracy', float('nan')):.3f}")
 
 

@@ -19,13 +19,16 @@ TINY_SMALL = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 
 
 
 def tiny_module(**overrides):
+    """A GRPOModule on the tiny policy; ``overrides`` may use the flat option names (``learning_rate=...``), which
+    are nested into ``generation`` / ``loss`` / ``optim`` here."""
     from lit_rlft.lightning.module import GRPOModule
     from lit_rlft.models.tiny import TinyConfig
+    from lit_rlft.step.config import nest_flat_options
 
     kwargs = dict(model="tiny", tiny=TinyConfig(**TINY_SMALL), reward_funcs=["lit_rlft.rewards.countdown_reward"],
                   num_generations=4, max_completion_length=8, learning_rate=1e-2)
     kwargs.update(overrides)
-    return GRPOModule(**kwargs)
+    return GRPOModule(**nest_flat_options(kwargs))
 
 
 def countdown_dm(size: int = 64, batch_size: int = 4, val: bool = False, **overrides):

@@ -20,6 +20,8 @@ import re
 import textwrap
 from typing import Any
 
+from lit_rlft.step.config import moved_key_message
+
 __all__ = ["condense_parser_error", "describe_constructor_error"]
 
 _KEY = re.compile(r'^Parser key "(?P<key>[^"]+)":$')
@@ -63,6 +65,8 @@ def _unknown_option(text: str, prog: str, options: list[str]) -> str:
     else:
         return text
     group, _, wrong = option.rpartition(".")
+    if group == "model" and (moved := moved_key_message(wrong)):
+        return moved  # a key of lit_rlft 0.2 that now sits in a nested config
     prefix = f"{group}." if group else ""
     names = sorted({o[len(prefix) :].split(".")[0] for o in options if o.startswith(prefix)})
     close = difflib.get_close_matches(wrong, names, n=1)
@@ -143,8 +147,8 @@ def describe_constructor_error(error: BaseException) -> str:
     text = str(root).strip().splitlines()
     message = text[0] if text else type(root).__name__
     cls = _raising_class(root)
-    if cls is None:
-        return message
+    if cls is None or message.startswith(("model.", "data.", "trainer.")):
+        return message  # no class to name, or the message names its option already
     path, section = f"{cls.__module__}.{cls.__qualname__}", _section(cls)
     return f"{section} ({path}): {message}" if section else f"{path}: {message}"
 

@@ -86,7 +86,7 @@ class GRPOStep:
         o = self.optim
         self.updater = PolicyUpdater(loss, self.generation.temperature, o.num_iterations, o.num_mini_batches,
                                      o.micro_batch_size, o.max_grad_norm, o.max_nonfinite_skips)
-        self.engine, self.rewards, self.tokenizer = engine, rewards, tokenizer
+        self.tokenizer = tokenizer
         self.worker = RolloutWorker(engine, rewards, tokenizer, success_threshold)
         self.seeds = StepSeeds(self.generation.seed)
         self.budget = RolloutBudget()
@@ -141,6 +141,20 @@ class GRPOStep:
         self.policy, self.reference = policy, reference
         self.stop_token_ids = stop_token_ids(hf_model(policy), self.tokenizer)
         self.engine.setup(policy, self.tokenizer, sharded=is_sharded(policy))
+
+    @property
+    def engine(self) -> RolloutEngine:
+        """The rollout engine (the worker's)."""
+        return self.worker.engine
+
+    @property
+    def rewards(self) -> Callable[..., Any]:
+        """The scorer (the worker's): ``(completions [N], columns) -> RewardResult``."""
+        return self.worker.rewards
+
+    @rewards.setter
+    def rewards(self, scorer: Callable[..., Any]) -> None:
+        self.worker.rewards = scorer
 
     @property
     def data(self) -> PromptData:

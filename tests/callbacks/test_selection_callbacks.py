@@ -53,7 +53,7 @@ class StepSeededCoins:
 def _fit(tmp_path, callbacks, steps=5, num_workers=0, ckpt_path=None, extra=None):
     rec = Recorder()
     module = tiny_module(learning_rate=1e-3)
-    module.rewards = StepSeededCoins()
+    module.grpo.rewards = StepSeededCoins()
     trainer = tiny_trainer(tmp_path, max_steps=steps, callbacks=[*callbacks, rec, *(extra or [])],
                            enable_checkpointing=bool(extra))
     trainer.fit(module, datamodule=countdown_dm(size=48, batch_size=4, num_workers=num_workers), ckpt_path=ckpt_path)
@@ -101,13 +101,13 @@ def test_resume_selects_exactly_what_the_uninterrupted_run_selects(tmp_path, mak
     path = tmp_path / "ckpt" / "epoch=0-step=3.ckpt"
     assert path.exists(), list((tmp_path / "ckpt").iterdir())
     resumed, module = _fit(tmp_path / "resumed", make(tmp_path), steps=6, ckpt_path=str(path))
-    assert module.rollout_step == 6
+    assert module.grpo.rollout_step == 6
     assert resumed.trained == full.trained[3:]
     assert resumed.scheduled == full.scheduled[3:]
     assert resumed.replayed == full.replayed[3:]
     if "replay" in str(make(tmp_path)):
         assert any(full.replayed[3:]), "nothing was replayed: the test would not see a buffer mismatch"
-    assert module.budget.completions == full_module.budget.completions
+    assert module.grpo.budget.completions == full_module.grpo.budget.completions
     # fit 6 == fit 3 + resume 3, to the bit: weights and the callbacks' selection state
     for (name, a), (_, b) in zip(full_module.policy.state_dict().items(), module.policy.state_dict().items()):
         assert torch.equal(a, b), name
@@ -138,7 +138,7 @@ def test_callback_state_round_trips(tmp_path):
     dm.setup("fit")
     trainer = tiny_trainer(tmp_path)
     trainer.datamodule = dm  # type: ignore[misc]
-    fresh.strategy = fresh.build(trainer, None, len(dm.train_pool))
+    fresh.strategy = fresh.build(None, len(dm.train_pool))  # DPS without a cold start needs no context
     fresh._load(fresh._pending_state)
     np.testing.assert_array_equal(fresh.strategy.mu_prior, cb.strategy.mu_prior)
     np.testing.assert_array_equal(fresh.tracker.confusion, cb.tracker.confusion)

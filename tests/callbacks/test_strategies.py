@@ -29,7 +29,7 @@ class CoinRewards:
 
 def _fit(tmp_path, callbacks, steps=4, p=0.5, **module_kw):
     module = tiny_module(learning_rate=1e-3, **module_kw)
-    module.rewards = CoinRewards(p)
+    module.grpo.rewards = CoinRewards(p)
     trainer = tiny_trainer(tmp_path, max_steps=steps, callbacks=callbacks)
     trainer.fit(module, datamodule=countdown_dm(size=48, batch_size=4))
     return module, trainer
@@ -39,8 +39,8 @@ def test_dots_rolls_out_reference_sets_charged_to_the_budget(tmp_path):
     cb = DOTSCallback(reference_size=8, update_every=2, online_steps_per_update=2, cache_dir=str(tmp_path / "c"))
     module, trainer = _fit(tmp_path, [cb], steps=4)
     # reference sets before steps 0 and 2; none after the last step (nothing would train on it): 2 x 8 x G=4
-    assert module.budget.by_purpose["reference"] == 2 * 8 * 4
-    assert module.budget.by_purpose["train"] == 4 * 4 * 4
+    assert module.grpo.budget.by_purpose["reference"] == 2 * 8 * 4
+    assert module.grpo.budget.by_purpose["train"] == 4 * 4 * 4
     assert "dots/effective_ratio" in trainer.callback_metrics
     assert list((tmp_path / "c").glob("*.pt")), "pool embeddings were not cached"
 
@@ -57,17 +57,17 @@ def test_dynamic_sampling_keeps_only_effective_groups_and_counts_discards(tmp_pa
     m = trainer.callback_metrics
     assert float(m["effective_ratio"]) == 1.0
     assert float(m["dynamic_sampling/rolled_out_groups"]) >= 4
-    extra = module.budget.by_purpose.get("dynamic_sampling", 0)
+    extra = module.grpo.budget.by_purpose.get("dynamic_sampling", 0)
     rolled = float(m["dynamic_sampling/rolled_out_groups"])
-    assert module.budget.completions == 2 * 4 * 4 + extra  # 2 steps x B=4 x G=4, plus the extra rounds
-    assert rolled * 4 <= module.budget.completions
+    assert module.grpo.budget.completions == 2 * 4 * 4 + extra  # 2 steps x B=4 x G=4, plus the extra rounds
+    assert rolled * 4 <= module.grpo.budget.completions
 
 
 def test_dynamic_sampling_warns_and_trains_on_what_it_kept(tmp_path):
     with pytest.warns(UserWarning, match="effective groups after"):
         module, trainer = _fit(tmp_path, [DynamicSamplingCallback(max_rounds=2)], steps=1, p=0.0)
     assert float(trainer.callback_metrics["dynamic_sampling/filled"]) == 0.0
-    assert module.rollout_step == 1
+    assert module.grpo.rollout_step == 1
 
 
 def test_replay_mixes_stored_groups_with_importance_weights(tmp_path):
@@ -79,7 +79,7 @@ def test_replay_mixes_stored_groups_with_importance_weights(tmp_path):
     assert "sampling/importance_sampling_ratio/mean" in m
     assert len(replay.buffer) > 0 and all(0 < g.success_rate < 1 for g in replay.buffer.sample(100))
     # fresh generation is delta * B = 2 prompts per step once the buffer can serve the rest
-    assert module.budget.prompts < 5 * 4
+    assert module.grpo.budget.prompts < 5 * 4
 
 
 def test_dps_with_dots_cold_start(tmp_path):
@@ -88,10 +88,10 @@ def test_dps_with_dots_cold_start(tmp_path):
     cb = DPSCallback(cold_start=cold)
     module, trainer = _fit(tmp_path, [cb], steps=3)
     assert "dps/cold_start_pearson" in trainer.callback_metrics
-    assert module.budget.by_purpose["reference"] == 8 * 4  # one reference set at the start
+    assert module.grpo.budget.by_purpose["reference"] == 8 * 4  # one reference set at the start
     assert cb._cold_success.shape == (48,) and ((cb._cold_success >= 0) & (cb._cold_success <= 1)).all()
     # Before each selection, never-seen prompts get their cold-start belief instead of the uniform one.
-    cb.before_select(trainer, module, step=1)
+    cb.before_select(module.grpo, step=1)
     never_seen = ~cb.strategy.seen
     assert not torch.allclose(torch.as_tensor(cb.strategy.mu_prior[never_seen]), torch.full((1, 3), 1 / 3).double())
 
@@ -100,7 +100,7 @@ def test_budget_stop_ends_training_at_equal_cost(tmp_path):
     from lit_rlft.callbacks import RolloutBudgetStop
 
     module, _ = _fit(tmp_path, [RolloutBudgetStop(max_completions=40)], steps=100)
-    assert module.rollout_step == 3 and module.budget.completions == 48  # 16 completions per step, 48 >= 40
+    assert module.grpo.rollout_step == 3 and module.grpo.budget.completions == 48  # 16 completions per step, 48 >= 40
 
 
 def test_dots_logs_an_out_of_sample_pearson_on_each_new_reference_set(tmp_path):
@@ -126,7 +126,7 @@ def test_dynamic_sampling_shows_selection_every_group_it_paid_for(tmp_path):
     rolled_out = int(m["dynamic_sampling/rolled_out_groups"])
     assert rolled_out > 4, "a single round: the test would not see the discarded groups"
     assert int(dps.strategy.seen.sum()) == rolled_out
-    assert float(m["time/generation_s"]) == pytest.approx(module.budget.generation_s)
+    assert float(m["time/generation_s"]) == pytest.approx(module.grpo.budget.generation_s)
     # the per-function reward mean covers every round, not only the first
     fresh = records[0].fresh()
     assert fresh.num_groups == rolled_out
@@ -174,7 +174,7 @@ def test_degenerate_data_keeps_running_and_says_there_is_no_signal(tmp_path, nam
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         module, trainer = _fit(tmp_path, _degenerate_strategies(tmp_path)[name], steps=3, p=p)
-    assert module.rollout_step == 3
+    assert module.grpo.rollout_step == 3
     assert all(torch.isfinite(q).all() for q in module.policy.parameters())
     m = trainer.callback_metrics
     assert float(m["batch/no_signal"]) == 1.0 and float(m["effective_ratio"]) == 0.0

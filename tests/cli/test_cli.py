@@ -34,7 +34,7 @@ def _config(tmp_path: Path, **model) -> Path:
             "callbacks": [{"class_path": "lit_rlft.callbacks.CompletionLogger", "init_args": {"every_n_steps": 1}}],
         },
         "model": {"model": "tiny", "tiny": TINY_SMALL, "reward_funcs": ["lit_rlft.rewards.countdown_reward"],
-                  "num_generations": 4, "max_completion_length": 8, "beta": 0.04, **model},
+                  "generation": {"num_generations": 4, "max_completion_length": 8}, "loss": {"beta": 0.04}, **model},
         "data": {
             "train": {"class_path": "lit_rlft.data.CountdownTask", "init_args": {"size": 64, "split": "train"}},
             "val": {"class_path": "lit_rlft.data.CountdownTask", "init_args": {"size": 8, "split": "test"}},
@@ -69,7 +69,7 @@ def test_print_config_round_trips(tmp_path, capsys):
 
 def test_bad_choice_is_rejected_with_the_valid_ones(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        main(["fit", "--config", str(_config(tmp_path)), "--model.loss_type", "ppo"])
+        main(["fit", "--config", str(_config(tmp_path)), "--model.loss.loss_type", "ppo"])
     err = capsys.readouterr().err
     assert "loss_type" in err and "dr_grpo" in err
 
@@ -109,7 +109,7 @@ def test_the_engine_is_chosen_in_yaml(tmp_path):
 
     cli = grpo_cli(["--config", str(_config(tmp_path)), "--model.engine", "lit_rlft.rollout.HFEngine",
                     "--model.engine.max_batch_size", "3"], run=False)
-    assert isinstance(cli.model.engine, HFEngine) and cli.model.engine.max_batch_size == 3
+    assert isinstance(cli.model.grpo.engine, HFEngine) and cli.model.grpo.engine.max_batch_size == 3
 
 
 # -- the whole surface -------------------------------------------------------------------------------------------
@@ -205,24 +205,38 @@ def test_misspelt_option_of_a_class_in_yaml_gets_the_closest_one(tmp_path, capsy
 
 
 def test_plain_option_typos_and_types_keep_jsonargparse_messages(tmp_path, capsys):
-    cfg = _edited(tmp_path, lambda c: c["model"].update(num_generation=4))
-    err = _error(capsys, ["fit", "--config", cfg])  # jsonargparse's wording: Group 'model' ... or Subcommand 'fit' ...
-    assert err.startswith("lit-rlft fit: error: ") and "does not accept option '" in err
-    assert err.endswith("num_generation': did you mean 'model.num_generations'? (see `lit-rlft fit --help`)")
+    cfg = _edited(tmp_path, lambda c: c["model"]["generation"].update(num_generation=4))
+    err = _error(capsys, ["fit", "--config", cfg])  # jsonargparse's wording: Group ... or Subcommand 'fit' ...
+    assert err.startswith("lit-rlft fit: error: model.generation (lit_rlft.GenerationConfig): unknown option "
+                          "'num_generation' (did you mean 'num_generations'?); valid options: num_generations, ")
+    assert _error(capsys, ["fit", "--config", str(_config(tmp_path)), "--model.generation.num_generationz", "4"]) == (
+        err.replace("'num_generation'", "'num_generationz'"))
     assert _error(capsys, ["fit", "--config", str(_config(tmp_path)), "--model.num_generationz", "4"]) == (
-        "lit-rlft fit: error: unrecognized arguments: --model.num_generationz 4: did you mean "
-        "--model.num_generations? (see `lit-rlft fit --help`)")
-    assert _error(capsys, ["fit", "--config", str(_config(tmp_path)), "--model.num_generations", "four"]) == (
-        "lit-rlft fit: error: model.num_generations: expected int, got 'four'")
-    assert _error(capsys, ["fit", "--config", str(_config(tmp_path)), "--model.loss_type", "ppo"]) == (
-        "lit-rlft fit: error: model.loss_type: expected one of 'grpo', 'dapo', 'dr_grpo', got 'ppo'")
+        "lit-rlft fit: error: unrecognized arguments: --model.num_generationz 4: did you mean --model.generation? "
+        "(see `lit-rlft fit --help`)")
+    assert _error(capsys, ["fit", "--config", str(_config(tmp_path)), "--model.generation.num_generations",
+                           "four"]) == ("lit-rlft fit: error: model.generation (lit_rlft.GenerationConfig): option 'num_generations': "
+                                     "expected int, got 'four'")
+    err = _error(capsys, ["fit", "--config", str(_config(tmp_path)), "--model.loss.loss_type", "ppo"])
+    assert err.startswith("lit-rlft fit: error: model.loss (lit_rlft.GRPOLoss): option 'loss_type': expected one of "
+                          "'grpo', 'dapo', 'dr_grpo', ") and err.endswith(", got 'ppo'")
+
+
+@pytest.mark.parametrize("where", ["yaml", "command line"])
+def test_a_key_of_lit_rlft_0_2_points_to_its_new_place(tmp_path, capsys, where):
+    if where == "yaml":
+        args = ["fit", "--config", _edited(tmp_path, lambda c: c["model"].update(learning_rate=3e-5))]
+    else:
+        args = ["fit", "--config", str(_config(tmp_path)), "--model.learning_rate", "3e-5"]
+    assert _error(capsys, args) == (
+        "lit-rlft fit: error: model.learning_rate moved to model.optim.learning_rate in lit_rlft 0.3 (YAML: nest it "
+        "under model.optim; command line: --model.optim.learning_rate)")
 
 
 def test_constructor_errors_name_the_class(tmp_path, capsys):
     cfg = str(_config(tmp_path))
-    assert _error(capsys, ["fit", "--config", cfg, "--model.num_generations", "1"]) == (
-        "lit-rlft fit: error: model (lit_rlft.lightning.module.GRPOModule): num_generations must be >= 2 for group-relative "
-        "advantages, got 1")
+    assert _error(capsys, ["fit", "--config", cfg, "--model.generation.num_generations", "1"]) == (
+        "lit-rlft fit: error: model.generation.num_generations must be >= 2 for group-relative advantages, got 1")
     assert _error(capsys, ["fit", "--config", cfg, "--trainer.callbacks+=lit_rlft.callbacks.DPSCallback",
                            "--trainer.callbacks.candidate_ratio=-1"]) == (
         "lit-rlft fit: error: trainer.callbacks (lit_rlft.callbacks.dps.DPSCallback): `candidate_ratio` must be an "

@@ -35,7 +35,8 @@ def test_strategy_overlay_composes_with_its_base(overlay, capsys):
 def test_paper_config_is_the_papers_setting(capsys):
     cfg = _print_config(capsys, CONFIGS / "math_qwen2.5-math-1.5b.yaml")
     m = cfg["model"]
-    assert (m["num_generations"], m["temperature"], m["beta"], m["scale_rewards"]) == (8, 0.6, 0.0, "none")
+    assert (m["generation"]["num_generations"], m["generation"]["temperature"], m["loss"]["beta"],
+            m["scale_rewards"]) == (8, 0.6, 0.0, "none")
     assert cfg["data"]["system_prompt"].endswith("\\boxed{}.")
 
 
@@ -63,6 +64,8 @@ def test_the_two_node_recipe_composes_and_divides_by_the_ranks(capsys):
                         CONFIGS / "lora.yaml", CONFIGS / "strategies" / "paper_dps_replay.yaml")
     ranks = cfg["trainer"]["devices"] * cfg["trainer"]["num_nodes"]
     assert ranks == cfg["trainer"]["strategy"]["init_args"]["data_parallel_size"] == 16
+    optim = cfg["model"]["optim"]  # the LoRA overlay changes the learning rate and keeps the recipe's other settings
+    assert (optim["learning_rate"], optim["num_mini_batches"], optim["micro_batch_size"]) == (1e-5, 4, 8)
     replay = next(c for c in cfg["trainer"]["callbacks"] if c["class_path"].endswith("ReplayCallback"))
     batch = cfg["data"]["batch_size"]
     fresh = -(-int(replay["init_args"]["delta"] * 1000) * batch // 1000)

@@ -23,7 +23,7 @@ def test_malformed_row_fails_before_training_with_file_line_and_field(tmp_path):
         tiny_trainer(tmp_path, max_steps=1).fit(module, datamodule=dm)
     msg = str(exc.value)
     assert f"{path}:2" in msg and f"{path}:3" in msg and "question" in msg
-    assert module.rollout_step == 0 and module.budget.completions == 0
+    assert module.grpo.rollout_step == 0 and module.grpo.budget.completions == 0
 
 
 def test_plan_serves_scheduled_ids_once_then_uniform():
@@ -102,7 +102,7 @@ def test_too_long_prompts_stop_the_trainer_before_step_0(tmp_path):
     module = tiny_module()
     with pytest.raises(DataValidationError, match=r"data.max_prompt_length=12"):
         tiny_trainer(tmp_path, max_steps=1).fit(module, datamodule=dm)
-    assert module.rollout_step == 0 and module.budget.completions == 0
+    assert module.grpo.rollout_step == 0 and module.grpo.budget.completions == 0
 
 
 def test_prompts_within_the_limit_are_tokenised_once_at_setup(tmp_path):

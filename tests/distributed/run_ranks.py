@@ -65,13 +65,13 @@ class Probe(L.Callback):
             "plan": digest(trainer.datamodule.state_dict()),
             "callbacks": {type(cb).__name__: digest(cb.state_dict()) for cb in trainer.callbacks
                           if type(cb).__name__ in SELECTION},
-            "budget": pl_module.budget.completions,
+            "budget": pl_module.grpo.budget.completions,
         })
 
     def finish(self, module) -> None:
         params = _full_params(module.policy)
-        result = {"steps": self.steps, "params": digest(params), "rollout_step": module.rollout_step,
-                  "budget": module.budget.state_dict(), "plan_mismatches": module.plan_mismatches,
+        result = {"steps": self.steps, "params": digest(params), "rollout_step": module.grpo.rollout_step,
+                  "budget": module.grpo.budget.state_dict(), "plan_mismatches": module.plan_mismatches,
                   "last_eval": module.last_eval}
         (self.out / f"rank{self.rank}.json").write_text(json.dumps(result))
         if self.dump:

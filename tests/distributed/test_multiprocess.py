@@ -158,7 +158,7 @@ def test_two_ranks_compute_the_one_rank_gradient(runs):
             super().optimizer_step()
 
     backend = Capture(module.policy, opt["optimizer"], opt["lr_scheduler"]["scheduler"])
-    module.updater.update(batch, group_advantages(batch.rewards, "group").reshape(-1), backend)
+    module.grpo.updater.update(batch, group_advantages(batch.rewards, "group").reshape(-1), backend)
     for name, g in grads.items():
         assert torch.equal(d0["grads"][name], d1["grads"][name]), f"{name}: ranks hold different gradients"
         rel = float((g - d0["grads"][name]).norm() / g.norm().clamp(min=1e-30))

@@ -11,7 +11,7 @@ import pytest
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from lit_rlft import checkpointing
+from lit_rlft.lightning import checkpointing
 from lit_rlft.lightning.checkpointing import (
     AtomicCheckpointIO,
     CheckpointError,
@@ -129,7 +129,7 @@ def test_corrupt_inside_and_custom_objects_never_advise_weights_only_false(tmp_p
     torch.save({"obj": _Custom()}, custom)
     with pytest.raises(CheckpointError) as err:
         AtomicCheckpointIO().load_checkpoint(custom, weights_only=True)
-    assert str(err.value) == (f"checkpoint '{custom}' holds a tests.test_checkpointing._Custom object, which a "
+    assert str(err.value) == (f"checkpoint '{custom}' holds a tests.lightning.test_checkpointing._Custom object, which a "
                               "weights-only load refuses: it was not written by lit_rlft (a callback or module that "
                               "stores custom objects in its state?)")
     corrupt = tmp_path / "corrupt.ckpt"

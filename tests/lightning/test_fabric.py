@@ -17,7 +17,7 @@ from tests.conftest import countdown_dm, tiny_module, tiny_trainer
 def _module():
     L.seed_everything(0, verbose=False)
     module = tiny_module(learning_rate=1e-3)
-    module.rewards = StepSeededCoins()
+    module.grpo.rewards = StepSeededCoins()
     return module
 
 
@@ -39,8 +39,8 @@ def test_fabric_loop_trains_like_the_trainer(tmp_path):
     loop = FabricLoop(_fabric(tmp_path / "f"), max_steps=4,
                       callbacks=[DPSCallback(), ReplayCallback(delta=0.5, capacity=8)])
     loop.fit(fabric_module, countdown_dm(size=48, batch_size=4))
-    assert fabric_module.rollout_step == trainer_module.rollout_step == 4
-    assert fabric_module.budget.completions == trainer_module.budget.completions
+    assert fabric_module.grpo.rollout_step == trainer_module.grpo.rollout_step == 4
+    assert fabric_module.grpo.budget.completions == trainer_module.grpo.budget.completions
     a, b = _params(trainer_module), _params(fabric_module)
     assert all(torch.equal(a[n], b[n]) for n in a)
 
@@ -63,7 +63,7 @@ def test_fabric_loop_validates_logs_and_resumes_exactly(tmp_path):
     assert "val/accuracy" in loop_tags and "replay/replayed_groups" in loop_tags and "dps/accuracy" in loop_tags
     fit(tmp_path / "first", 3, save_at=3)
     resumed, resumed_cbs = fit(tmp_path / "resumed", 6, ckpt=str(tmp_path / "first" / "step=3.ckpt"))
-    assert resumed.rollout_step == 6 and resumed.budget.completions == full.budget.completions
+    assert resumed.grpo.rollout_step == 6 and resumed.grpo.budget.completions == full.grpo.budget.completions
     a, b = _params(full), _params(resumed)
     assert all(torch.equal(a[n], b[n]) for n in a)
     assert (resumed_cbs[0].strategy.mu_prior == full_cbs[0].strategy.mu_prior).all()

@@ -60,7 +60,46 @@ def test_reduce_metrics_means_mins_and_maxes():
     assert out == {"loss": 2.0, "ratio/min": 0.2, "ratio/max": 4.0}
 
 
-def test_check_same_uses_rank_0_and_counts_dissenters():
-    coll = FakeRanks(1, {0: np.array([1, 2]), 2: np.array([1, 2])}, world_size=3)
-    ids, mismatches = coll.check_same(np.array([3, 4]), "plan")
-    assert ids.tolist() == [1, 2] and mismatches == 1
+def test_check_same_raises_on_every_rank_naming_the_dissenters():
+    # rank 1's view of a 3-rank run where rank 1 planned other prompts: every rank sees the same digests and raises
+    coll = _DigestRanks(1, {0: ([1, 2], {"seed": 0}), 2: ([1, 2], {"seed": 0})}, world_size=3)
+    with pytest.raises(RankFailure, match=r"the batch plan differs between ranks: rank 1 of 3 disagree"):
+        coll.check_same(([3, 4], {"seed": 0}), "the batch plan")
+    # a difference in state alone (the ids agree) is a mismatch too: the next draws would differ
+    coll = _DigestRanks(0, {1: ([1, 2], {"seed": 1})}, world_size=2)
+    with pytest.raises(RankFailure, match="rank 1 of 2"):
+        coll.check_same(([1, 2], {"seed": 0}), "the batch plan")
+    _DigestRanks(0, {1: ([1, 2], {"seed": 0})}, world_size=2).check_same(([1, 2], {"seed": 0}), "plan")  # agree
+
+
+class _DigestRanks(FakeRanks):
+    """Other ranks given by the value they hold; what they contribute to a gather is its digest, as check_same's."""
+
+    def all_gather(self, obj):
+        import hashlib
+        import pickle
+
+        return [obj if r == self.rank else hashlib.sha256(pickle.dumps(self.others[r])).hexdigest()
+                for r in range(self.world_size)]
+
+
+def test_a_failure_posted_elsewhere_names_the_root_cause_when_the_gather_breaks():
+    """Rank 0 was inside another collective (FSDP2's all-gather) when rank 1 failed: rank 0's gather breaks, and the
+    failure board, not the broken collective, names what happened."""
+
+    class Broken(FakeRanks):
+        def all_gather(self, obj):
+            raise RuntimeError("[gloo] Received data size doesn't match expected size")
+
+        def failures(self, wait_s=0.0):
+            return {1: "RuntimeError: engine boom"}
+
+    with pytest.raises(RankFailure, match=r"failed on rank 1 of 2 \(rank 1: RuntimeError: engine boom\)"):
+        Broken(0, {}, 2).gather_checked({"ok": 1}, None, "generating and scoring train rollouts")
+
+    class NoBoard(Broken):
+        def failures(self, wait_s=0.0):
+            return {}
+
+    with pytest.raises(RuntimeError, match="gloo"):  # nothing on the board: the collective's own error
+        NoBoard(0, {}, 2).gather_checked(1, None, "x")
