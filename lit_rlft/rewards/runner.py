@@ -42,6 +42,9 @@ class RewardResult:
         num_errors: (function, completion) scorings that raised, summed over functions.
         num_timeouts: (function, completion) scorings that ran past the bound, summed over functions.
         num_unscored: None (or NaN / infinite) scores returned, summed over functions.
+        failures: function name -> ``{"num_errors": n, "num_timeouts": n, "num_unscored": n}`` (functions that
+            failed on at least one completion).
+        examples: function name -> one failure of it, in words (the exception, the bound).
     """
 
     total: torch.Tensor
@@ -49,6 +52,8 @@ class RewardResult:
     num_errors: int = 0
     num_timeouts: int = 0
     num_unscored: int = 0
+    failures: dict[str, dict[str, int]] = field(default_factory=dict)
+    examples: dict[str, str] = field(default_factory=dict)
 
 
 def reward_name(func: Callable[..., Any]) -> str:
@@ -160,6 +165,8 @@ class RewardRunner:
         num_workers: reward processes (default: the CPU cores shared among the node's ranks, 1 to 4).
         fallback: the score of a completion that raised, timed out or got no finite score.
         warn_interval_s: failures are reported as a console warning (rank 0) at most this often, with counts.
+        report: print failures at all (a :class:`~lit_rlft.step.grpo.GRPOStep` turns this off: it gathers every
+            rank's counts from :class:`RewardResult` and prints them itself, naming the rank).
         start_method: ``fork`` (default on Linux: closures work), ``forkserver`` or ``spawn``.
 
     Example:
@@ -176,6 +183,7 @@ class RewardRunner:
         num_workers: int | None = None,
         fallback: float = 0.0,
         warn_interval_s: float = 60.0,
+        report: bool = True,
         start_method: str | None = None,
     ) -> None:
         if isinstance(funcs, (str, Mapping)) or callable(funcs):
@@ -196,6 +204,7 @@ class RewardRunner:
         self.timeout_s = timeout_s
         self.fallback = float(fallback)
         self.warn_interval_s = float(warn_interval_s)
+        self.report = report
         self.pool: WorkerPool | None = (
             None if timeout_s is None else WorkerPool(self.funcs, timeout_s, num_workers, start_method)
         )
@@ -210,6 +219,8 @@ class RewardRunner:
     # ------------------------------------------------------------------------------------------- reporting
     def _report(self, result: RewardResult, examples: dict[str, str]) -> None:
         """Warn (rank 0) about failures, at most once per ``warn_interval_s``, with the counts since the last one."""
+        if not self.report:
+            return
         self._unreported["num_scorings"] += len(self.funcs) * int(result.total.numel())
         self._unreported["num_errors"] += result.num_errors
         self._unreported["num_timeouts"] += result.num_timeouts
@@ -301,14 +312,18 @@ class RewardRunner:
                     continue
                 scores.append(self.fallback)
                 if outcome.outcome == ERROR:
-                    result.num_errors += 1
-                    examples.setdefault("error", f"reward function {name!r} raised {outcome.value}")
+                    kind, example = "num_errors", f"raised {outcome.value}"
+                    examples.setdefault("error", f"reward function {name!r} {example}")
                 elif outcome.outcome == TIMEOUT:
-                    result.num_timeouts += 1
-                    examples.setdefault("timeout", f"reward function {name!r} ran past {self.timeout_s} s")
+                    kind, example = "num_timeouts", f"ran past {self.timeout_s} s"
+                    examples.setdefault("timeout", f"reward function {name!r} {example}")
                 else:
-                    result.num_unscored += 1
-                    examples.setdefault("unscored", f"reward function {name!r} gave no finite score")
+                    kind, example = "num_unscored", "gave no finite score"
+                    examples.setdefault("unscored", f"reward function {name!r} {example}")
+                setattr(result, kind, getattr(result, kind) + 1)
+                counts = result.failures.setdefault(name, {})
+                counts[kind] = counts.get(kind, 0) + 1
+                result.examples.setdefault(name, example)
             tensor = torch.tensor(scores, dtype=torch.float32)
             result.per_func[name] = tensor
             result.total += weight * tensor
@@ -320,9 +335,19 @@ class RewardRunner:
         return result
 
     def close(self) -> None:
-        """Stop the worker processes (a later call starts them again)."""
+        """Stop the worker processes; idempotent (call it any number of times), and a later call starts them again.
+
+        Not calling it leaks nothing: the workers are also stopped when the runner is garbage-collected, at
+        interpreter exit, and they die with this process however it ends (see :mod:`lit_rlft.rewards.pool`).
+        """
         if self.pool is not None:
             self.pool.close()
+
+    def __enter__(self) -> RewardRunner:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         funcs = ", ".join(f"{name}*{weight:g}" for name, weight in zip(self.names, self.weights))

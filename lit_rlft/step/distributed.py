@@ -57,8 +57,10 @@ class Collective:
         """Rank ``src``'s ``obj`` on every rank."""
         raise NotImplementedError
 
-    def post_failure(self, detail: str) -> None:
-        """Record that this rank failed with ``detail``, where every rank can read it without a collective."""
+    def post_failure(self, detail: str) -> bool:
+        """Record that this rank failed with ``detail``, where every rank can read it without a collective; whether
+        there is such a board."""
+        return False
 
     def failures(self, wait_s: float = 0.0) -> dict[int, str]:
         """``{rank: detail}`` of every rank that posted a failure, in the order they were posted (waiting up to
@@ -97,16 +99,19 @@ class Collective:
             parts = collective.gather_checked(payload, error, "generating and scoring rollouts")
 
         The message names the failed ranks and their errors, first failure first; on a failed rank the original
-        exception is chained. A failed rank posts its error on the failure board before gathering: when the other
-        ranks are inside another collective (FSDP2's all-gathers while generating), the gather breaks, and every
-        rank then names the root cause from the board instead of the broken collective.
+        exception is chained. A failed rank posts its error on the failure board and raises at once, without
+        entering the gather: the other ranks may be inside another collective (FSDP2's all-gathers while
+        generating), where a mismatched gather aborts the process (gloo) or hangs (NCCL). Their collective breaks when
+        the failed rank's process ends, and they name the root cause from the board instead of the broken collective.
+        Without a board (a process group without a store) every rank gathers, and all raise together.
         """
         detail = None
         if error is not None:
             detail = f"{type(error).__name__}: {error}"
             if not self.is_distributed:
                 raise error
-            self.post_failure(detail)
+            if self.post_failure(detail):
+                raise self._failure(what, self.failures() or {self.rank: detail}, error) from error
         try:
             parts = self.all_gather((detail, None if error is not None else payload))
         except Exception as broken:  # a rank failed elsewhere and left (or broke) this collective
@@ -191,15 +196,16 @@ class TorchCollective(Collective):
         except Exception:  # pragma: no cover - a process group without a store: no board, plain collectives
             return None
 
-    def post_failure(self, detail: str) -> None:
+    def post_failure(self, detail: str) -> bool:
         store = self._store()
         if store is None:
-            return
+            return False
         try:
             order = store.add("lit_rlft/failures", 1)
             store.set(f"lit_rlft/failure/{self.rank}", f"{order}|{detail}")
-        except Exception:  # pragma: no cover - the store is gone: the gather still reports this rank
-            pass
+        except Exception:  # pragma: no cover - the store is gone: fall back to gathering the failure
+            return False
+        return True
 
     def failures(self, wait_s: float = 0.0) -> dict[int, str]:
         store = self._store()

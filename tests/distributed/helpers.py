@@ -54,3 +54,11 @@ def digest(obj: Any) -> str:
 
     walk(obj)
     return h.hexdigest()[:16]
+
+
+def coin_reward_raising_on_rank_1(completions: list[str], **columns: Any) -> list[float]:
+    """:func:`coin_reward`, except that it raises on rank 1 (each of rank 1's completions then scores 0 alone and is
+    counted; the run goes on, and rank 0 must still print the failure, naming rank 1 and this function)."""
+    if rank() == 1:
+        raise ValueError("cannot parse this completion")
+    return coin_reward(completions, **columns)

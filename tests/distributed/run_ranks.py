@@ -71,7 +71,8 @@ class Probe(L.Callback):
     def finish(self, module) -> None:
         params = _full_params(module.policy)
         result = {"steps": self.steps, "params": digest(params), "rollout_step": module.grpo.rollout_step,
-                  "budget": module.grpo.budget.state_dict(), "plan_mismatches": module.plan_mismatches,
+                  "budget": module.grpo.budget.state_dict(),
+                  "reward_totals": module.grpo.reward_failures.totals,
                   "last_eval": module.last_eval}
         (self.out / f"rank{self.rank}.json").write_text(json.dumps(result))
         if self.dump:
@@ -86,6 +87,35 @@ def _full_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             for n, p in model.named_parameters()}
 
 
+class RaisingEngine:
+    """The HF engine, except that rank 1's second generate call raises (before any collective of its own)."""
+
+    def __new__(cls):
+        from lit_rlft.rollout.hf import HFEngine
+
+        class _Raising(HFEngine):
+            calls = 0
+
+            def generate(self, *args, **kwargs):
+                from tests.distributed.helpers import rank
+
+                _Raising.calls += 1
+                if rank() == 1 and _Raising.calls == 2:
+                    raise RuntimeError("engine boom on rank 1")
+                return super().generate(*args, **kwargs)
+
+        return _Raising()
+
+
+class PlanDrift(L.Callback):
+    """Schedules other prompts on rank 1 than on rank 0 after step 0 (a selection state that drifted)."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if batch_idx == 0 and trainer.global_rank == 1:
+            plan = trainer.datamodule.plan
+            plan.schedule(list(range(plan.batch_size, 2 * plan.batch_size)), source="drift")
+
+
 SELECTION = {"DPSCallback", "DOTSCallback", "ReplayCallback", "DynamicSamplingCallback", "HistoryResamplingCallback"}
 
 
@@ -98,6 +128,7 @@ def make_callbacks(names: list[str], out: Path) -> list[L.Callback]:
         "dots": lambda: DOTSCallback(reference_size=6, update_every=2, online_steps_per_update=2,
                                      cache_dir=str(out / "emb")),
         "ds": lambda: DynamicSamplingCallback(max_rounds=3),
+        "drift": PlanDrift,
     }
     return [made[n]() for n in names if n]
 
@@ -118,13 +149,13 @@ def main() -> None:
     p.add_argument("--resume", default=None)
     p.add_argument("--dump", action="store_true")
     p.add_argument("--val", type=int, default=0, help="held-out prompts, evaluated every 2 steps (0: none)")
-    p.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    p.add_argument("--engine", choices=["hf", "vllm", "raise-on-rank-1"], default="hf")
     a = p.parse_args()
     torch.set_num_threads(1)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    from lit_rlft import GRPOModule, LoRAConfig, PromptDataModule, TinyConfig
+    from lit_rlft import GenerationConfig, GRPOModule, LoRAConfig, OptimConfig, PromptDataModule, TinyConfig
     from lit_rlft.data import CountdownTask
 
     L.seed_everything(0, verbose=False)
@@ -133,10 +164,12 @@ def main() -> None:
         from lit_rlft.rollout.vllm import VLLMEngine
 
         engine = VLLMEngine(dtype="float32", max_model_len=64, kv_cache_memory_bytes=32 * 2**20)
+    elif a.engine == "raise-on-rank-1":
+        engine = RaisingEngine()
     module = GRPOModule(
-        engine=engine,
-        model="tiny", tiny=TinyConfig(**TINY_SMALL), reward_funcs=[a.reward], num_generations=4,
-        max_completion_length=8, learning_rate=1e-3, micro_batch_size=a.micro_batch_size,
+        engine=engine, model="tiny", tiny=TinyConfig(**TINY_SMALL), reward_funcs=[a.reward],
+        generation=GenerationConfig(num_generations=4, max_completion_length=8),
+        optim=OptimConfig(learning_rate=1e-3, micro_batch_size=a.micro_batch_size),
         lora=LoRAConfig(r=4, alpha=8) if a.lora else None,
     )
     val = CountdownTask(size=a.val, split="test", seed=1) if a.val else None

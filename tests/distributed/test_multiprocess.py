@@ -25,9 +25,9 @@ SCRIPT = REPO / "tests" / "distributed" / "run_ranks.py"
 pytestmark = pytest.mark.distributed
 
 
-def spawn(*cmd: str, timeout: float = 240) -> subprocess.CompletedProcess:
+def spawn(*cmd: str, timeout: float = 240, warnings: bool = False) -> subprocess.CompletedProcess:
     """``python *cmd`` from the repository (it starts the other rank itself); kill its process group on a hang."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "PYTHONWARNINGS": "default" if warnings else "ignore", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("MASTER_PORT", None)
     proc = subprocess.Popen([sys.executable, *cmd], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -40,8 +40,8 @@ def spawn(*cmd: str, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(proc.args, proc.returncode, output, "")
 
 
-def launch(out: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return spawn(str(SCRIPT), "--out", str(out), *args, timeout=timeout)
+def launch(out: Path, *args: str, timeout: float = 240, warnings: bool = False) -> subprocess.CompletedProcess:
+    return spawn(str(SCRIPT), "--out", str(out), *args, timeout=timeout, warnings=warnings)
 
 
 def run(out: Path, *args: str, ranks: int = 2) -> list[dict]:
@@ -83,7 +83,6 @@ def runs(tmp_path_factory):
 def _assert_ranks_agree_and_split_the_batch(ranks: list[dict], replay: bool) -> None:
     r0, r1 = ranks
     assert r0["params"] == r1["params"], "parameters differ between ranks"
-    assert r0["plan_mismatches"] == r1["plan_mismatches"] == 0
     assert len(r0["steps"]) == len(r1["steps"]) == 4
     for t, (a, b) in enumerate(zip(r0["steps"], r1["steps"])):
         assert a["callbacks"] == b["callbacks"], f"step {t}: selection states differ between ranks"
@@ -208,6 +207,37 @@ def test_a_failing_reward_on_one_rank_stops_every_rank_naming_it(tmp_path):
     assert not (tmp_path / "rank0.json").exists()
 
 
+def test_a_reward_raising_on_rank_1_only_is_printed_naming_rank_1_and_the_function(tmp_path):
+    result = launch(tmp_path, "--reward", "tests.distributed.helpers.coin_reward_raising_on_rank_1", "--steps", "2",
+                    timeout=120, warnings=True)
+    assert result.returncode == 0, result.stdout[-4000:]  # a reward that raises scores 0 alone: the run goes on
+    assert "rank 1: reward function 'coin_reward_raising_on_rank_1' raised on 8 completion(s)" in result.stdout, (
+        result.stdout[-4000:])
+    assert "cannot parse this completion" in result.stdout  # the example
+    assert "rank 0: reward function" not in result.stdout
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    assert r0["reward_totals"] == r1["reward_totals"] and r0["reward_totals"]["num_errors"] == 16  # 2 steps x 8
+
+
+def test_a_plan_that_differs_between_ranks_stops_both_naming_the_rank(tmp_path):
+    result = launch(tmp_path, "--callbacks", "drift", "--steps", "3", timeout=120)
+    assert result.returncode != 0
+    message = "step 1: the batch plan differs between ranks: rank 1 of 2 disagree with rank 0"
+    assert result.stdout.count(message) >= 2, result.stdout[-4000:]  # raised on both ranks, before any rollout
+    assert not (tmp_path / "rank0.json").exists()
+
+
+def test_an_engine_raising_on_rank_1_under_fsdp2_ends_both_ranks_naming_it(tmp_path):
+    """Rank 0 is inside FSDP2's all-gathers (generating) when rank 1 raises: the failure board, not the broken
+    collective, names the error on both ranks."""
+    result = launch(tmp_path, "--strategy", "fsdp2", "--engine", "raise-on-rank-1", "--steps", "3", timeout=180)
+    assert result.returncode != 0
+    named = [line for line in result.stdout.splitlines()
+             if "RankFailure: generating and scoring train rollouts failed on rank 1" in line]
+    assert len(named) >= 2 and all("RuntimeError: engine boom on rank 1" in line for line in named), (
+        result.stdout[-6000:])
+
+
 def _command(*cmd: str) -> subprocess.CompletedProcess:
     result = spawn(*cmd)
     assert result.returncode == 0, result.stdout[-6000:]
@@ -219,7 +249,7 @@ def test_the_cli_trains_with_fsdp2_on_two_cpu_ranks_from_yaml(tmp_path):
     trains and validates, and rank 0 logs the global batch."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from tests.test_cli import _config
+    from tests.cli.test_cli import _config
 
     _command("-m", "lit_rlft.cli", "fit", "--config", str(_config(tmp_path)), "--config",
              str(REPO / "configs" / "parallel" / "fsdp2_cpu.yaml"))
