@@ -6,7 +6,7 @@
 Each run trains the tiny policy for a few rollout steps under the Trainer (uniform, DPS + replay, DOTS, dynamic
 sampling, several iterations with mini- and micro-batches, LoRA with a KL penalty, the real Countdown reward) and
 records a digest of the final parameters and of every logged metric except wall times (``time/*`` and the
-selection callbacks' ``overhead_s`` / ``reference_generation_s``). Bit-identity holds on one machine and one torch
+selection callbacks' ``overhead_s`` / ``reference_generation_s``) and diagnostics added since (:data:`ADDED`). Bit-identity holds on one machine and one torch
 build: compare runs made on the same machine.
 """
 
@@ -35,6 +35,9 @@ TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 1, "nu
         "intermediate_size": 128, "head_dim": 64}
 COIN = "tests.distributed.helpers.coin_reward"
 WALL_TIME = ("time/", "overhead_s", "reference_generation_s", "generation_seconds")
+#: Diagnostics added after the reference fingerprints were made (issue 17: the padding share of the training
+#: passes): left out so that every metric the reference runs logged is compared, value for value.
+ADDED = ("perf/",)
 
 
 class MemoryLogger(Logger):
@@ -53,7 +56,8 @@ class MemoryLogger(Logger):
         return 0
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        kept = {k: float(v) for k, v in metrics.items() if not any(w in k for w in WALL_TIME) and k != "epoch"}
+        kept = {k: float(v) for k, v in metrics.items()
+                if not any(w in k for w in WALL_TIME) and not k.startswith(ADDED) and k != "epoch"}
         self.rows.append((int(step or 0), kept))
 
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
@@ -95,11 +99,15 @@ def make_module(**overrides: Any) -> Any:
 
 
 def module_kwargs(flat: dict[str, Any]) -> dict[str, Any]:
-    """Flat options -> the constructor's arguments (identity before the nested configs; mapped after)."""
-    try:
-        from lit_rlft.step.config import nest_flat_options
-    except ImportError:
+    """Flat options -> the constructor's arguments: nested configs since 0.3, as given before."""
+    import inspect
+
+    from lit_rlft import GRPOModule
+
+    if "generation" not in inspect.signature(GRPOModule).parameters:
         return flat
+    from lit_rlft.step.config import nest_flat_options
+
     return nest_flat_options(flat)
 
 

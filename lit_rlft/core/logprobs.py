@@ -66,7 +66,8 @@ def entropy_from_logits(logits: Tensor, chunk_size: int = 128) -> Tensor:
     return torch.cat(entropies).reshape(logits.shape[:-1])
 
 
-def completion_logprobs(logits: Tensor, completion_ids: Tensor, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+def completion_logprobs(logits: Tensor, completion_ids: Tensor, temperature: float = 1.0,
+                        entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
     """Log-probability and entropy of each completion token under the (temperature-scaled) policy.
 
     Dividing by the sampling temperature makes the log-probs those of the distribution the tokens were drawn
@@ -77,10 +78,11 @@ def completion_logprobs(logits: Tensor, completion_ids: Tensor, temperature: flo
             model's output shifted by one and cut to the completion).
         completion_ids: ``[N, L]`` sampled token ids (padding ids are fine; mask them in the loss).
         temperature: sampling temperature, ``> 0``.
+        entropy_grad: keep the entropy's gradient (an entropy bonus in the loss); by default it is a diagnostic,
+            computed without gradient to keep memory flat.
 
     Returns:
-        ``(logprobs, entropy)``, both ``[N, L]`` float32. ``logprobs`` is differentiable; ``entropy`` is
-        computed without gradient (it is a diagnostic) to keep memory flat.
+        ``(logprobs, entropy)``, both ``[N, L]`` float32; ``logprobs`` is differentiable.
     """
     if logits.dim() != 3 or completion_ids.shape != logits.shape[:2]:
         raise ValueError(
@@ -92,6 +94,6 @@ def completion_logprobs(logits: Tensor, completion_ids: Tensor, temperature: flo
     if temperature != 1.0:
         logits = logits / temperature  # [N, L, V]
     logprobs = selective_log_softmax(logits, completion_ids).float()  # [N, L]
-    with torch.no_grad():
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         entropy = entropy_from_logits(logits).float()  # [N, L]
     return logprobs, entropy

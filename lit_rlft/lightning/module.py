@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import lightning as L
@@ -26,7 +26,7 @@ from lit_rlft.lightning.backend import LightningBackend
 from lit_rlft.models.loading import LoRAConfig, build_policy, load_tokenizer_for
 from lit_rlft.models.sharding import data_parallel_mesh, is_sharded
 from lit_rlft.models.tiny import TinyConfig
-from lit_rlft.rewards.runner import RewardRunner, resolve_reward
+from lit_rlft.rewards.runner import RewardFunc, RewardRunner, resolve_reward
 from lit_rlft.rollout.base import RolloutEngine
 from lit_rlft.rollout.hf import HFEngine
 from lit_rlft.step.config import GenerationConfig, OptimConfig, moved_key_message, nest_flat_options
@@ -34,8 +34,6 @@ from lit_rlft.step.context import RolloutHook
 from lit_rlft.step.distributed import get_collective
 from lit_rlft.step.grpo import GRPOStep
 from lit_rlft.step.optim import configure_adamw
-
-RewardFunc = Callable[..., Sequence[float | None]]
 
 
 class GRPOModule(L.LightningModule):
@@ -131,7 +129,8 @@ class GRPOModule(L.LightningModule):
         """Load the policy (and a frozen reference for the KL term), sharded over ``mesh`` with FSDP2 if given."""
         hp = self.hparams
         self.policy, self._reference = build_policy(hp.model, hp.dtype, self.tiny, self.lora,
-                                                    reference=self.grpo.loss_fn.beta > 0, mesh=mesh)
+                                                    reference=self.grpo.loss_fn.beta > 0, mesh=mesh,
+                                                    gradient_checkpointing=self.grpo.optim.gradient_checkpointing)
 
     @property
     def reference(self) -> Any:

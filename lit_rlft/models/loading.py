@@ -273,18 +273,23 @@ def apply_lora(model: nn.Module, lora: LoRAConfig) -> nn.Module:
 
 
 def build_policy(name_or_path: str, dtype: str = "float32", tiny: TinyConfig | None = None,
-                 lora: LoRAConfig | None = None, reference: bool = False,
-                 mesh: Any = None) -> tuple[nn.Module, nn.Module | None]:
+                 lora: LoRAConfig | None = None, reference: bool = False, mesh: Any = None,
+                 gradient_checkpointing: bool = False) -> tuple[nn.Module, nn.Module | None]:
     """The policy to train, and a frozen reference copy when ``reference`` (full fine-tuning with a KL term; with
     LoRA the reference is the base model with its adapters disabled, so no copy is made).
 
-    ``mesh``: a 1-D data-parallel device mesh to shard both with FSDP2 (None: no sharding).
+    ``mesh``: a 1-D data-parallel device mesh to shard both with FSDP2 (None: no sharding), each decoder layer one
+    unit. ``gradient_checkpointing``: HF's non-reentrant checkpointing of each decoder layer (inside its FSDP2 unit
+    when sharded); it acts only in training forwards with gradients, so generation, log-prob, reference and
+    embedding passes run as before.
     """
     import copy
 
     from lit_rlft.models.sharding import fully_shard_policy
 
     policy = load_model(name_or_path, dtype=dtype, tiny=tiny)
+    if gradient_checkpointing:
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if lora is not None:
         policy = apply_lora(policy, lora)
     ref = copy.deepcopy(policy).eval().requires_grad_(False) if reference and lora is None else None

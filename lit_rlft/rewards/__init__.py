@@ -9,6 +9,7 @@ from lit_rlft.rewards.countdown import CountdownReward, countdown_answer, countd
 from lit_rlft.rewards.exact import exact_match_reward
 from lit_rlft.rewards.gsm8k import gsm8k_format_reward, gsm8k_gold, gsm8k_prediction, gsm8k_reward, parse_number
 from lit_rlft.rewards.math import extract_boxed, math_answer_from_solution, math_reward, verify_math_answer
+from lit_rlft.rewards.overlong import SoftOverlongPunishment, soft_overlong_punishment
 from lit_rlft.rewards.runner import RewardFunc, RewardResult, RewardRunner, resolve_reward, reward_name
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "RewardFunc",
     "RewardResult",
     "RewardRunner",
+    "SoftOverlongPunishment",
     "countdown_answer",
     "countdown_reward",
     "exact_match_reward",
@@ -30,5 +32,6 @@ __all__ = [
     "parse_number",
     "resolve_reward",
     "reward_name",
+    "soft_overlong_punishment",
     "verify_math_answer",
 ]

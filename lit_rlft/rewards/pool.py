@@ -13,29 +13,47 @@ timeout interrupts. Here every (function, completion) pair is its own task:
 The bound: a task finishes, or is abandoned and its process killed, within ``timeout_s`` plus the polling slack
 (tens of milliseconds) of the moment its worker started it. A call with ``H`` hostile tasks on ``W`` workers takes
 its normal time plus at most ``ceil(H / W) * timeout_s`` plus the replacements' start-up.
+
+Lifetime: a worker never outlives the process that started it, however that process ends.
+
+- On Linux every worker asks the kernel for ``SIGKILL`` when its parent dies (``prctl(PR_SET_PDEATHSIG)``), which
+  also ends a task hung in C code; everywhere, an idle worker checks every ``_PARENT_POLL_S`` that its parent is
+  still the one that started it, and exits otherwise.
+- A forked child (a worker, or any other) closes the pools' parent-side pipe ends it inherited and forgets their
+  workers, so a worker's pipe reaches end-of-file as soon as its pool's process closes it or dies.
+- The pool is closed when it is garbage-collected and at interpreter exit (``weakref.finalize``); :meth:`close`
+  may be called any number of times.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
 import multiprocessing as mp
 import os
 import signal
+import sys
+import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-__all__ = ["OK", "ERROR", "TIMEOUT", "CONTRACT", "Task", "TaskResult", "WorkerPool", "default_num_workers", "score_task"]
+__all__ = ["OK", "ERROR", "TIMEOUT", "CONTRACT", "Task", "TaskResult", "WorkerPool", "default_num_workers", "score_task",
+           "set_parent_death_signal"]
 
 OK, ERROR, TIMEOUT, CONTRACT = "ok", "error", "timeout", "contract"
 """Task outcomes: a score (float, or None for unscored), an exception, past the time bound, a broken contract."""
 
 _MAX_CHUNK = 32
 _MAX_MESSAGE = 300
+_PARENT_POLL_S = 0.5
+"""How often an idle worker checks that its parent is alive (the portable fallback to the parent-death signal)."""
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 @dataclass(frozen=True)
@@ -102,8 +120,68 @@ def score_task(func: Callable[..., Any], task: Task) -> TaskResult:
     return _as_score(raw)
 
 
-def _worker_main(conn: Connection, funcs: Sequence[Callable[..., Any]]) -> None:
-    """Worker loop: receive a chunk of tasks, send one result per task as it finishes, until ``None`` or EOF."""
+def _libc_prctl() -> Callable[..., int] | None:
+    """``prctl`` from the C library on Linux, else None (looked up once, in the parent: a forked child only calls
+    it)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # no usable libc: the polling fallback still ends the workers
+        return None
+
+
+_PRCTL = _libc_prctl()
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
+    """Linux: have the kernel send this process ``sig`` when the thread that forked it ends; False where that is
+    not available. Also usable as (part of) a ``subprocess.Popen`` ``preexec_fn``: it only makes the system call.
+
+    The parent may have died before this call: check ``os.getppid()`` right after it.
+    """
+    if _PRCTL is None:
+        return False
+    zero = ctypes.c_ulong(0)
+    return _PRCTL(_PR_SET_PDEATHSIG, ctypes.c_ulong(sig), zero, zero, zero) == 0
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (a zombie counts as alive: only use it for processes that are not ours)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _orphaned(parent: int, owner: int) -> bool:
+    """Whether the worker's parent (or the pool's process, when a fork server is the parent) is gone: a dead
+    parent's children are re-parented, so ``getppid`` changes even while the dead parent is an unreaped zombie."""
+    return os.getppid() != parent or (owner != parent and not _pid_alive(owner))
+
+
+def _worker_main(
+    conn: Connection, funcs: Sequence[Callable[..., Any]], owner: int, parent: int | None, death_signal: bool
+) -> None:
+    """Worker loop: receive a chunk of tasks, send one result per task as it finishes, until ``None``, EOF or the
+    death of the parent.
+
+    Args:
+        conn: this worker's end of its pipe.
+        funcs: the reward callables.
+        owner: pid of the pool's process.
+        parent: the expected parent pid (the owner; None under a fork server: the parent is whoever forked us).
+        death_signal: arm the parent-death signal; only when the forking thread lives as long as its process (the
+            signal follows the thread that forked, not the process).
+    """
+    parent = os.getppid() if parent is None else parent
+    if death_signal:
+        set_parent_death_signal()
+    if _orphaned(parent, owner):  # the parent died before the signal was armed: nothing would ever send it
+        return
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     # A forked child inherits the trainer's Python handlers (Lightning catches SIGTERM); multiprocessing stops
     # daemonic children with SIGTERM at exit, and a worker that survived it would hang the parent's exit.
@@ -115,6 +193,12 @@ def _worker_main(conn: Connection, funcs: Sequence[Callable[..., Any]]) -> None:
     except ImportError:  # pragma: no cover - torch is a dependency
         pass
     while True:
+        # Polling (not a blocking recv) is the portable fallback: EOF may never come if a process that outlives
+        # the parent still holds the parent's end of the pipe.
+        if not conn.poll(_PARENT_POLL_S):
+            if _orphaned(parent, owner):
+                return
+            continue
         try:
             chunk = conn.recv()
         except (EOFError, OSError):
@@ -133,6 +217,49 @@ class _Worker:
     conn: Connection
     chunk: list[int] = field(default_factory=list)  # task indices sent, not yet answered, in order
     started: float = 0.0  # when the task at chunk[0] started (the previous answer, or the send)
+
+
+def _stop_workers(workers: list[_Worker]) -> None:
+    """Ask every worker to stop, kill those still running after a second, reap them and empty ``workers``.
+
+    A module-level function over the list (not a method) so that ``weakref.finalize`` can call it after the pool
+    itself is gone; an empty list makes it a no-op, so it may run any number of times.
+    """
+    for worker in workers:
+        with contextlib.suppress(OSError, ValueError):
+            worker.conn.send(None)
+    deadline = time.monotonic() + 1.0
+    for worker in workers:
+        with contextlib.suppress(OSError, ValueError, AssertionError):  # not our child (a forked copy of the pool)
+            worker.process.join(timeout=max(0.0, deadline - time.monotonic()))
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join(timeout=5)
+        worker.conn.close()
+    workers.clear()
+
+
+_LIVE_POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+"""Every pool of this process, for the at-fork hook."""
+
+
+def _forget_inherited_workers() -> None:
+    """In a forked child: close the parent-side pipe ends inherited from every pool and forget their workers.
+
+    Those ends are the parent's: a child holding them keeps a worker's pipe open after the parent dies (no EOF),
+    and a child using them would talk to the parent's workers. A pool used in the child starts its own workers.
+    """
+    try:
+        pools = list(_LIVE_POOLS)
+    except Exception:  # never break a fork  # pragma: no cover
+        return
+    for pool in pools:
+        with contextlib.suppress(Exception):
+            pool._forget_workers()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_inherited_workers)
 
 
 class WorkerPool:
@@ -163,16 +290,37 @@ class WorkerPool:
         if start_method is None:
             start_method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
         self._ctx = mp.get_context(start_method)
-        self._workers: list[_Worker] = []
         self.restarts = 0
         """Workers killed (timeouts) or found dead, and replaced, since the pool started."""
+        self._track([])
+
+    def _track(self, workers: list[_Worker]) -> None:
+        """Adopt ``workers`` (always mutated in place, never rebound) and close them at garbage collection and at
+        interpreter exit, whichever comes first."""
+        self._workers = workers
+        self._opening: Connection | None = None  # the parent end of the worker being started
+        self._finalizer = weakref.finalize(self, _stop_workers, workers)
+        _LIVE_POOLS.add(self)
 
     # ------------------------------------------------------------------------------------------- processes
     def _start_worker(self) -> _Worker:
         parent, child = self._ctx.Pipe(duplex=True)
-        process = self._ctx.Process(target=_worker_main, args=(child, self.funcs), daemon=True, name="lit-rlft-reward")
-        process.start()
-        child.close()
+        forkserver = self._ctx.get_start_method() == "forkserver"
+        # The parent-death signal follows the thread that forked: from a thread that may end before the process,
+        # it would kill a healthy worker, so there the polling fallback alone applies. A fork server forks from its
+        # main thread.
+        death_signal = forkserver or threading.current_thread() is threading.main_thread()
+        args = (child, self.funcs, os.getpid(), None if forkserver else os.getpid(), death_signal)
+        process = self._ctx.Process(target=_worker_main, args=args, daemon=True, name="lit-rlft-reward")
+        self._opening = parent  # the at-fork hook closes it in the child: a worker must not hold its own pipe open
+        try:
+            process.start()
+        except BaseException:
+            parent.close()
+            raise
+        finally:
+            self._opening = None
+            child.close()
         return _Worker(process, parent)
 
     def _ensure_started(self) -> None:
@@ -190,18 +338,18 @@ class WorkerPool:
         self.restarts += 1
 
     def close(self) -> None:
-        """Stop every worker (idempotent); a later :meth:`run` starts new ones."""
-        for worker in self._workers:
-            with contextlib.suppress(OSError, ValueError):
-                worker.conn.send(None)
-        deadline = time.monotonic() + 1.0
-        for worker in self._workers:
-            worker.process.join(timeout=max(0.0, deadline - time.monotonic()))
-            if worker.process.is_alive():
-                worker.process.kill()
-                worker.process.join(timeout=5)
-            worker.conn.close()
-        self._workers = []
+        """Stop every worker; idempotent, and a later :meth:`run` starts new ones."""
+        _stop_workers(self._workers)
+
+    def _forget_workers(self) -> None:
+        """In a forked child (see :func:`_forget_inherited_workers`): close the inherited pipe ends, forget the
+        workers (they are the parent's to stop)."""
+        for conn in [worker.conn for worker in self._workers] + [self._opening]:
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    conn.close()
+        self._workers.clear()
+        self._opening = None
 
     def pids(self) -> list[int]:
         """Process ids of the current workers."""
@@ -280,19 +428,15 @@ class WorkerPool:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_workers"] = []  # processes do not travel; they restart on first use
+        for key in ("_workers", "_opening", "_finalizer"):  # processes do not travel; they restart on first use
+            del state[key]
         state["_ctx"] = self._ctx.get_start_method()
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         state["_ctx"] = mp.get_context(state["_ctx"])
         self.__dict__.update(state)
-
-    def __del__(self) -> None:
-        try:  # noqa: SIM105 - contextlib may already be gone at interpreter shutdown
-            self.close()
-        except Exception:  # interpreter shutdown
-            pass
+        self._track([])
 
 
 def split_rows(columns: Mapping[str, Any], n: int) -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ from lit_rlft.rewards.pool import CONTRACT, ERROR, OK, TIMEOUT, Task, TaskResult
 
 __all__ = ["RewardFunc", "RewardResult", "RewardRunner", "resolve_reward", "reward_name"]
 
-RewardFunc = Callable[..., Sequence[Any]]
+RewardFunc = Callable[..., Sequence[float | None]]
 """``fn(completions: list[str], **columns) -> list[float | None]``."""
 
 _COUNTERS = ("num_calls", "num_errors", "num_timeouts", "num_unscored")

@@ -6,17 +6,27 @@
         init_args: {max_model_len: 1024, gpu_memory_utilization: 0.3}
 
 vLLM is imported here only, and only when the engine is set up. It keeps its own copy of the weights: at ``setup``
-the policy (LoRA merged) is written to a folder vLLM loads, and :meth:`VLLMEngine.sync_weights`, which
-``GRPOModule`` calls after the last optimizer step of every rollout step (and when training or validation starts),
-pushes the current weights:
+the policy is written to a folder vLLM loads, and :meth:`VLLMEngine.sync_weights`, which ``GRPOModule`` calls after
+the last optimizer step of every rollout step (and when training or validation starts), pushes the current weights.
+Two ways (``lora_sync``):
 
-- full weights, with LoRA merged on the fly (``W + scaling * B @ A``; the adapters are not touched) and FSDP2
-  shards gathered (every rank has its own engine and syncs it);
-- names and shapes are checked against the first checkpoint before anything is sent (a failed reload leaves vLLM
-  unusable);
-- on CPU through the worker's ``reload_weights`` (vLLM's CPU backend repacks linear weights, so ``load_weights``
-  fails there); on GPU through the model's ``load_weights``, inside ``wake_up`` / ``sleep`` with
+- ``merged`` (the default, and what any policy without LoRA gets): full weights, with LoRA merged on the fly
+  (``W + scaling * B @ A``; the adapters are not touched) and FSDP2 shards gathered (every rank has its own engine
+  and syncs it). Names and shapes are checked against the first checkpoint before anything is sent (a failed reload
+  leaves vLLM unusable). On CPU through the worker's ``reload_weights`` (vLLM's CPU backend repacks linear weights,
+  so ``load_weights`` fails there); on GPU through the model's ``load_weights``, inside ``wake_up`` / ``sleep`` with
   ``enable_sleep_mode``; then the prefix cache is reset.
+- ``adapter``, for a peft LoRA policy: vLLM loads the frozen *base* weights once (at ``setup``, unmerged) and runs
+  with ``enable_lora``; every sync sends only the adapter (``lora_A`` / ``lora_B``, FSDP2 shards gathered, a few MB
+  where the merged weights are the whole model) through vLLM's LoRA support: written in peft's format
+  (``adapter_config.json`` + ``adapter_model.safetensors``, in the engine's dtype) to the engine's folder and
+  registered as a new version (``LoRARequest(f"lit_rlft-policy-{n}", n, folder)``, ``llm_engine.add_lora``; the
+  previous version is removed, the prefix cache reset), which every later generation requests. vLLM 0.32 loads
+  adapters from a folder only (no in-memory path without patching its worker, as SkyRL does). What vLLM cannot serve
+  as a plain adapter is refused at ``setup`` with the reason (DoRA, LoRA bias, ``modules_to_save``, several active
+  adapters, rank above 512, base weights that train too); ``lora_sync: merged`` takes those. FSDP2 needs no
+  fallback: the frozen base is gathered once at ``setup`` and the adapters at every sync (``full_tensor``, on every
+  rank at the same time, as the merged path does).
 
 Completions come back with their per-token log-probs under the distribution actually sampled from
 (``logprobs_mode="processed_logprobs"``: temperature, top-p and top-k applied): the behaviour policy mu of every row,
@@ -28,18 +38,24 @@ own environment (``make vllm-env``); head_dim must be at least 64.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import tempfile
 import time
-from typing import Any
+from typing import Any, Literal
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from lit_rlft.core.types import pad_to
 from lit_rlft.models.export import hf_weight_shapes, hf_weights, save_hf_checkpoint
+from lit_rlft.models.sharding import hf_model
 from lit_rlft.rollout.base import FinishReason, GenerationOutput, RolloutEngine, SamplingConfig, stop_token_ids
+
+#: The LoRA ranks vLLM 0.32 accepts as ``max_lora_rank`` (``vllm.config.lora.MaxLoRARanks``).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+LoRASync = Literal["merged", "adapter"]
 
 # In-process vLLM replaces torch.set_num_threads with a no-op (at import); the trainer may still need the original.
 _SET_NUM_THREADS = torch.set_num_threads
@@ -74,27 +90,42 @@ class VLLMEngine(RolloutEngine):
             generation, ``wake_up`` before syncing and generating).
         enforce_eager: no CUDA graphs (faster start, slower decoding); always on CPU.
         seed: vLLM's engine seed (requests are seeded per call besides).
-        model_dir: where the policy is written for vLLM to load (default: a temporary folder, removed at exit).
+        model_dir: where the policy is written for vLLM to load (default: a temporary folder, removed at exit); with
+            ``lora_sync: adapter`` every sync writes the adapter there too (a RAM disk such as ``/dev/shm`` makes
+            that a memory copy).
+        lora_sync: how a peft LoRA policy reaches vLLM (see the module docstring): ``merged`` (full weights with
+            the adapters merged, every sync) or ``adapter`` (the base once, then only the adapters, through vLLM's
+            LoRA support). A policy without LoRA always syncs full weights.
     """
 
     def __init__(self, dtype: str = "auto", max_model_len: int | None = None, gpu_memory_utilization: float = 0.3,
                  kv_cache_memory_bytes: int = 128 * 2**20, enable_sleep_mode: bool = False,
-                 enforce_eager: bool = True, seed: int = 0, model_dir: str | None = None):
+                 enforce_eager: bool = True, seed: int = 0, model_dir: str | None = None,
+                 lora_sync: LoRASync = "merged"):
         if max_model_len is not None and max_model_len < 2:
             raise ValueError(f"VLLMEngine: max_model_len must be >= 2 or null, got {max_model_len}")
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"VLLMEngine: gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        if lora_sync not in ("merged", "adapter"):
+            raise ValueError(f"VLLMEngine: lora_sync must be 'merged' or 'adapter', got {lora_sync!r}")
         self.dtype, self.max_model_len = dtype, max_model_len
         self.gpu_memory_utilization, self.kv_cache_memory_bytes = gpu_memory_utilization, kv_cache_memory_bytes
         self.enable_sleep_mode, self.enforce_eager, self.seed = enable_sleep_mode, enforce_eager, seed
         self.model_dir = model_dir
+        self.lora_sync = lora_sync
         self.llm: Any = None
         self.pad_token_id = 0
         self.stop_ids: list[int] = []
         self.on_cpu = True
         self.num_syncs = 0
         self.last_sync_s = 0.0
+        self.last_sync_bytes = 0
+        #: whether syncs send adapters (``lora_sync: adapter`` and a LoRA policy), known after ``setup``
+        self.syncs_adapters = False
         self._shapes: dict[str, tuple[int, ...]] = {}
+        self._folder = ""
+        self._torch_dtype = torch.float32
+        self._lora: Any = None  # the LoRARequest every generation uses (adapter sync)
 
     @property
     def returns_logprobs(self) -> bool:
@@ -106,8 +137,6 @@ class VLLMEngine(RolloutEngine):
         vllm = import_vllm()
         from vllm.platforms import current_platform
 
-        from lit_rlft.models.sharding import hf_model
-
         self.on_cpu = current_platform.is_cpu()
         self.pad_token_id = tokenizer.pad_token_id
         self.stop_ids = stop_token_ids(hf_model(model), tokenizer)
@@ -115,20 +144,31 @@ class VLLMEngine(RolloutEngine):
         if self.model_dir is None:
             atexit.register(shutil.rmtree, folder, ignore_errors=True)
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-        folder = os.path.join(folder, f"rank{rank}")
-        save_hf_checkpoint(model, folder)  # every rank gathers (FSDP2) and writes its own copy
-        self._shapes = hf_weight_shapes(model)
+        folder = self._folder = os.path.join(folder, f"rank{rank}")
+        dtype = self.dtype
+        if dtype == "auto":
+            dtype = str(next(model.parameters()).dtype).replace("torch.", "")
+        self._torch_dtype = getattr(torch, dtype)
+        lora = lora_config(model) if self.lora_sync == "adapter" else None
+        self.syncs_adapters = lora is not None
+        if lora is not None:
+            check_adapter_sync(model, lora)
+            save_base_checkpoint(model, folder)  # the frozen base, unmerged (FSDP2: gathered on every rank)
+            self._shapes = adapter_shapes(model)
+        else:
+            save_hf_checkpoint(model, folder)  # every rank gathers (FSDP2) and writes its own copy
+            self._shapes = hf_weight_shapes(model)
         max_len = self.max_model_len
         positions = getattr(hf_model(model).config, "max_position_embeddings", None)
         if max_len is not None and positions is not None:
             max_len = min(max_len, int(positions))  # vLLM refuses more than the model's positions
-        dtype = self.dtype
-        if dtype == "auto":
-            dtype = str(next(model.parameters()).dtype).replace("torch.", "")
         kwargs: dict[str, Any] = dict(
             model=folder, skip_tokenizer_init=True, dtype=dtype, logprobs_mode="processed_logprobs",
             enforce_eager=self.enforce_eager or self.on_cpu, seed=self.seed, max_model_len=max_len,
         )
+        if lora is not None:
+            # one adapter at a time, replaced at every sync (a new id per version: no stale prefix-cache hits)
+            kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(lora), max_loras=1, max_cpu_loras=1)
         if self.on_cpu:
             kwargs["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes
         else:
@@ -143,8 +183,17 @@ class VLLMEngine(RolloutEngine):
             self.llm = vllm.LLM(**kwargs)
         finally:
             torch.set_num_threads = _SET_NUM_THREADS
+        if lora is not None:
+            _write_json(os.path.join(folder, "adapter", "adapter_config.json"), adapter_config_dict(lora))
+            self._push_adapter(model, awake=True)  # version 1: what the policy holds now
         if self.enable_sleep_mode and not self.on_cpu:
             self.llm.sleep(level=1)
+
+    @property
+    def lora_request(self) -> Any:
+        """The ``vllm.lora.request.LoRARequest`` of the current adapter (``None`` unless syncs send adapters): pass
+        it to any direct ``llm.generate`` call that should sample the policy."""
+        return self._lora
 
     # -- generation ------------------------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], num_generations: int, sampling: SamplingConfig,
@@ -167,7 +216,7 @@ class VLLMEngine(RolloutEngine):
         self._wake()
         try:
             outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
-                                        use_tqdm=False)
+                                        use_tqdm=False, lora_request=self._lora)
         finally:
             self._sleep()
         rows: list[list[int]] = []
@@ -187,28 +236,63 @@ class VLLMEngine(RolloutEngine):
 
     # -- weight sync ------------------------------------------------------------------------------------------
     def sync_weights(self, model: nn.Module) -> None:
-        """Push ``model``'s current weights into vLLM (LoRA merged, FSDP2 gathered); see the module docstring."""
+        """Push ``model``'s current weights into vLLM (LoRA merged, or the adapters alone with ``lora_sync:
+        adapter``; FSDP2 gathered); see the module docstring. ``last_sync_s`` / ``last_sync_bytes``: what it took."""
         if self.llm is None:
             return
+        if self.syncs_adapters:
+            self._push_adapter(model)
+            return
         t0 = time.perf_counter()
-        shapes = hf_weight_shapes(model)
-        if shapes != self._shapes:
-            missing = sorted(set(self._shapes) - set(shapes))[:3]
-            extra = sorted(set(shapes) - set(self._shapes))[:3]
-            changed = sorted(k for k in set(shapes) & set(self._shapes) if shapes[k] != self._shapes[k])[:3]
-            raise ValueError(f"VLLMEngine.sync_weights: the policy's weights no longer match the engine's "
-                             f"(missing {missing}, unexpected {extra}, other shapes {changed}); nothing was sent")
-        weights = hf_weights(model)
+        _check_same(hf_weight_shapes(model), self._shapes)
+        sent = 0
+
+        def weights() -> Any:
+            nonlocal sent
+            for name, tensor in hf_weights(model):
+                sent += tensor.numel() * tensor.element_size()
+                yield name, tensor
+
         self._wake(tags=["weights"])
         try:
             if self.on_cpu:
-                self.llm.collective_rpc(_reload, args=(weights,))
+                self.llm.collective_rpc(_reload, args=(weights(),))
             else:
-                self.llm.collective_rpc(_load, args=(weights,))
+                self.llm.collective_rpc(_load, args=(weights(),))
             self.llm.reset_prefix_cache()
         finally:
             self._sleep()
         self.num_syncs += 1
+        self.last_sync_bytes = sent
+        self.last_sync_s = time.perf_counter() - t0
+
+    def _push_adapter(self, model: nn.Module, awake: bool = False) -> None:
+        """Write the adapters (peft format, engine dtype) and register them with vLLM as the next version
+        (``awake``: the engine is not asleep, as during ``setup``: no ``wake_up`` / ``sleep`` around it)."""
+        from vllm.lora.request import LoRARequest
+
+        t0 = time.perf_counter()
+        check_adapter_sync(model, lora_config(model))
+        _check_same(adapter_shapes(model), self._shapes)
+        tensors = adapter_weights(model, self._torch_dtype)  # FSDP2: every rank gathers
+        folder = os.path.join(self._folder, "adapter")
+        _save_safetensors(tensors, os.path.join(folder, "adapter_model.safetensors"))
+        version = self.num_syncs + 1
+        request = LoRARequest(f"lit_rlft-policy-{version}", version, folder)
+        previous = self._lora
+        if not awake:
+            self._wake(tags=["weights"])
+        try:
+            self.llm.llm_engine.add_lora(request)  # loads and validates the files now, not at the next generation
+            if previous is not None and previous.lora_int_id in self.llm.llm_engine.list_loras():
+                self.llm.llm_engine.remove_lora(previous.lora_int_id)
+            self.llm.reset_prefix_cache()
+        finally:
+            if not awake:
+                self._sleep()
+        self._lora = request
+        self.num_syncs += 1
+        self.last_sync_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
         self.last_sync_s = time.perf_counter() - t0
 
     def _wake(self, tags: list[str] | None = None) -> None:
@@ -218,6 +302,130 @@ class VLLMEngine(RolloutEngine):
     def _sleep(self) -> None:
         if self.enable_sleep_mode and not self.on_cpu:
             self.llm.sleep(level=1)
+
+
+def _check_same(shapes: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]]) -> None:
+    """Raise before anything is sent when the policy's tensors are not the ones the engine was built with."""
+    if shapes != expected:
+        missing = sorted(set(expected) - set(shapes))[:3]
+        extra = sorted(set(shapes) - set(expected))[:3]
+        changed = sorted(k for k in set(shapes) & set(expected) if shapes[k] != expected[k])[:3]
+        raise ValueError(f"VLLMEngine.sync_weights: the policy's weights no longer match the engine's "
+                         f"(missing {missing}, unexpected {extra}, other shapes {changed}); nothing was sent")
+
+
+# -- LoRA adapters for vLLM ----------------------------------------------------------------------------------------
+def lora_config(policy: nn.Module) -> Any:
+    """The peft config of ``policy``'s active adapter (``None``: not a peft model)."""
+    try:
+        from peft import PeftModel
+    except ImportError:  # pragma: no cover - peft is a dependency
+        return None
+    if not isinstance(policy, PeftModel):
+        return None
+    configs = policy.peft_config
+    active = list(policy.active_adapters)
+    if len(active) != 1:
+        raise ValueError(f"VLLMEngine(lora_sync='adapter'): {len(active)} active adapters {active}; vLLM serves "
+                         f"one per request. Use lora_sync: merged")
+    return configs[active[0]]
+
+
+def check_adapter_sync(policy: nn.Module, config: Any) -> None:
+    """Refuse, with the reason, what vLLM cannot serve as a plain LoRA adapter (or what adapters alone would miss).
+
+    Raises:
+        ValueError: naming the feature and ``lora_sync: merged`` as the way out.
+    """
+    why = []
+    peft_type = getattr(config, "peft_type", "LORA")
+    if str(getattr(peft_type, "value", peft_type)) != "LORA":
+        why.append(f"peft type {peft_type} (vLLM serves plain LoRA)")
+    if getattr(config, "use_dora", False):
+        why.append("DoRA")
+    if getattr(config, "lora_bias", False):
+        why.append("LoRA bias")
+    if getattr(config, "modules_to_save", None):
+        why.append(f"modules_to_save {config.modules_to_save}")
+    init = getattr(config, "init_lora_weights", True)
+    if isinstance(init, str) and init.lower() not in ("gaussian", "eva", "orthogonal", "mica", "lora_ga"):
+        why.append(f"init_lora_weights={init!r} (it changes the base weights)")
+    ranks = [int(config.r), *[int(r) for r in (getattr(config, "rank_pattern", None) or {}).values()]]
+    if max(ranks) > VLLM_LORA_RANKS[-1]:
+        why.append(f"rank {max(ranks)} > {VLLM_LORA_RANKS[-1]}")
+    trained = [n for n, p in policy.named_parameters() if p.requires_grad and ".lora_" not in n]
+    if trained:
+        why.append(f"{len(trained)} trainable weights outside the adapters (e.g. {trained[0]}): the base changes")
+    if why:
+        raise ValueError("VLLMEngine(lora_sync='adapter') cannot send this policy as an adapter: " + "; ".join(why)
+                         + ". Use lora_sync: merged (full weights with the adapters merged)")
+
+
+def vllm_lora_rank(config: Any) -> int:
+    """The smallest rank vLLM accepts as ``max_lora_rank`` that holds the adapter's largest rank."""
+    largest = max([int(config.r), *[int(r) for r in (getattr(config, "rank_pattern", None) or {}).values()]])
+    return next(r for r in VLLM_LORA_RANKS if r >= largest)
+
+
+def adapter_config_dict(config: Any) -> dict[str, Any]:
+    """``adapter_config.json`` as peft writes it (sets as sorted lists)."""
+    out = config.to_dict()
+    return {k: sorted(v) if isinstance(v, set) else v for k, v in out.items()}
+
+
+def _adapter_state(policy: nn.Module) -> dict[str, Any]:
+    """peft's saved names and tensors of the active adapter (FSDP2 shards as DTensors, nothing gathered); never the
+    base embeddings (``save_embedding_layers="auto"`` would look the base model up on the hub)."""
+    from peft import get_peft_model_state_dict
+
+    name = policy.active_adapters[0]
+    return get_peft_model_state_dict(policy, adapter_name=name, save_embedding_layers=False)
+
+
+def adapter_shapes(policy: nn.Module) -> dict[str, tuple[int, ...]]:
+    """``{name: shape}`` of the adapter tensors (peft's saved names), without gathering anything."""
+    return {k: tuple(v.shape) for k, v in _adapter_state(policy).items()}
+
+
+def adapter_weights(policy: nn.Module, dtype: torch.dtype) -> dict[str, Tensor]:
+    """The active adapter's tensors under peft's saved names (``base_model.model.<module>.lora_A.weight``
+    ``[r, in]``, ``...lora_B.weight`` ``[out, r]``), whole (FSDP2 shards gathered: every rank must call it at the same
+    time), on the CPU in ``dtype``."""
+    return {k: _full(v).detach().to("cpu", dtype).contiguous() for k, v in _adapter_state(policy).items()}
+
+
+def save_base_checkpoint(policy: nn.Module, path: str) -> None:
+    """Write the HF model inside ``policy`` *without* its adapters (the frozen base vLLM applies them to) and its
+    config: ``base_layer`` dropped from the names, LoRA tensors left out, FSDP2 shards gathered, tied weights under
+    both names."""
+    model = hf_model(policy)
+    weights = {}
+    for key, value in model.state_dict().items():
+        if ".lora_" in key or key.endswith(".lora_magnitude_vector"):
+            continue
+        weights[key.replace(".base_layer.", ".")] = _full(value).detach().to("cpu").contiguous().clone()
+    _save_safetensors(weights, os.path.join(path, "model.safetensors"))
+    model.config.save_pretrained(path)
+    generation = getattr(model, "generation_config", None)
+    if generation is not None:
+        generation.save_pretrained(path)
+
+
+def _full(t: Tensor) -> Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _save_safetensors(tensors: dict[str, Tensor], path: str) -> None:
+    from safetensors.torch import save_file
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def _write_json(path: str, data: dict[str, Any]) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2)
 
 
 def _sampled_logprob(entry: dict, token: int) -> float:

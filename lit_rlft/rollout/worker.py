@@ -73,6 +73,8 @@ class RolloutWorker:
         seconds = time.perf_counter() - t0
         texts = self.tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
         columns = {k: [v for v in vals for _ in range(G)] for k, vals in source.reward_columns(ids, split).items()}
+        # tokens of each completion, for length-aware rewards (DAPO's soft overlong punishment)
+        columns.setdefault("completion_length", out.completion_mask.sum(-1).tolist())
         scored = self.rewards(texts, columns)
         rewards = scored.total.view(len(ids), G)  # [B, G]
         p_tok, p_mask = left_pad(prompts, self.tokenizer.pad_token_id)  # [B, P] each

@@ -92,6 +92,16 @@ class OptimConfig:
     """Optimizer steps per pass; each rank's sequences are shuffled and split."""
     micro_batch_size: int | None = None
     """Sequences per forward/backward (gradient accumulation inside a mini-batch; None: the whole mini-batch)."""
+    micro_batch_tokens: int | None = None
+    """Tokens per forward/backward instead of sequences (verl's dynamic batch size): rows grouped longest first so
+    that each micro-batch's pass holds at most this many tokens, padding trimmed per micro-batch. The loss is
+    normalised over the whole mini-batch either way, so the update is the same."""
+    padding_free: bool = False
+    """Packed training passes: a micro-batch's sequences concatenated without padding, positions restarting per
+    sequence (TRL's ``padding_free``). Saves the padded positions' compute (``perf/padding_share``)."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward instead of keeping them (HF's non-reentrant
+    checkpointing): a fraction of the activation memory for about one more forward."""
     max_nonfinite_skips: int = 3
     """An optimizer step whose loss or gradient is NaN / infinite is skipped (logged as ``nonfinite_skips``); after
     this many in a row the run stops with an error (0 = never stop)."""
@@ -102,6 +112,10 @@ class OptimConfig:
                 raise ValueError(f"model.optim.{name} must be >= 1, got {getattr(self, name)}")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             raise ValueError(f"model.optim.micro_batch_size must be >= 1 or null, got {self.micro_batch_size}")
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
+            raise ValueError(f"model.optim.micro_batch_tokens must be >= 1 or null, got {self.micro_batch_tokens}")
+        if self.micro_batch_tokens is not None and self.micro_batch_size is not None:
+            raise ValueError("model.optim: give micro_batch_size (sequences) or micro_batch_tokens (tokens), not both")
         if self.lr_scheduler not in ("constant", "cosine"):
             raise ValueError(f"model.optim.lr_scheduler must be constant or cosine, got {self.lr_scheduler!r}")
         if self.max_nonfinite_skips < 0:

@@ -85,7 +85,8 @@ class GRPOStep:
         self.scale_rewards = scale_rewards
         o = self.optim
         self.updater = PolicyUpdater(loss, self.generation.temperature, o.num_iterations, o.num_mini_batches,
-                                     o.micro_batch_size, o.max_grad_norm, o.max_nonfinite_skips)
+                                     o.micro_batch_size, o.max_grad_norm, o.max_nonfinite_skips,
+                                     micro_batch_tokens=o.micro_batch_tokens, padding_free=o.padding_free)
         self.tokenizer = tokenizer
         self.worker = RolloutWorker(engine, rewards, tokenizer, success_threshold)
         self.seeds = StepSeeds(self.generation.seed)
@@ -287,10 +288,13 @@ class GRPOStep:
         if self.loss_fn.beta == 0:
             return None
         temperature = self.generation.temperature
+        packed, trim = self.updater.padding_free, self.updater.micro_batch_tokens is not None
         if self.reference is not None:
-            return sequence_logprobs(self.reference, rollouts, rows, temperature, self.device)[0]
+            return sequence_logprobs(self.reference, rollouts, rows, temperature, self.device, packed=packed,
+                                     trim=trim)[0]
         with self.policy.disable_adapter():
-            return sequence_logprobs(self.policy, rollouts, rows, temperature, self.device)[0]
+            return sequence_logprobs(self.policy, rollouts, rows, temperature, self.device, packed=packed,
+                                     trim=trim)[0]
 
     def sync_engine(self) -> None:
         """Make the engine sample from the current weights (no-op for ``HFEngine``; a weight push for vLLM, timed
@@ -365,12 +369,13 @@ class GRPOStep:
     def state_dict(self) -> dict[str, Any]:
         """The step's counters, for checkpoints (plain types)."""
         return {"rollout_step": self.rollout_step, "budget": self.budget.state_dict(),
-                "reward_totals": self.reward_failures.state_dict()}
+                "reward_totals": self.reward_failures.state_dict(), "updater": self.updater.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rollout_step = int(state.get("rollout_step", 0))
         self.budget.load_state_dict(state.get("budget", {}))
         self.reward_failures.load_state_dict(state.get("reward_totals", {}))
+        self.updater.load_state_dict(state.get("updater", {}))
 
     def close(self) -> None:
         """Stop the reward worker processes (idempotent; a later rollout starts them again)."""

@@ -29,10 +29,14 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lit_rlft.core.logprobs import completion_logprobs
+from lit_rlft.core.entropy_control import AdaptiveEntropyCoef
+from lit_rlft.core.loss_masks import entropy_threshold
 from lit_rlft.core.losses import GRPOLoss, LossOutput
 from lit_rlft.core.types import Rollouts
+from lit_rlft.step.batching import padding_share, sequence_logprobs, token_budget_micro_batches
 from lit_rlft.step.distributed import Collective, LocalCollective
+
+__all__ = ["NonFiniteUpdateError", "PolicyUpdater", "TorchBackend", "UpdateBackend", "sequence_logprobs"]
 
 RefLogprobs = Callable[[Rollouts, Tensor], "Tensor | None"]
 """``(rollouts, rows [n]) -> [n, L]`` reference log-probs (or None without a KL penalty)."""
@@ -75,37 +79,26 @@ class UpdateBackend(Protocol):
     def learning_rate(self) -> float: ...
 
 
-def sequence_logprobs(
-    model: nn.Module, rollouts: Rollouts, rows: Tensor, temperature: float, device: torch.device | str,
-    with_entropy: bool = False,
-) -> tuple[Tensor, Tensor | None]:
-    """Per-token log-probs ``[n, L]`` (and entropy ``[n, L]``) of the completions at ``rows`` ``[n]`` under ``model``.
-
-    Positions are computed as ``generate`` computes them under left padding, so these match the sampling log-probs.
-    """
-    prompt, comp = rollouts.prompt_tokens[rows], rollouts.completion_tokens[rows]
-    attn = torch.cat([rollouts.prompt_mask[rows], rollouts.completion_mask[rows]], dim=1).to(device)  # [n, P+L]
-    input_ids = torch.cat([prompt, comp], dim=1).to(device)  # [n, P+L]
-    position_ids = (attn.cumsum(dim=1) - 1).clamp(min=0)  # [n, P+L]
-    length = comp.shape[1]
-    logits = model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids,
-                   logits_to_keep=length + 1).logits[:, :-1]  # [n, L, V]
-    logprobs, entropy = completion_logprobs(logits, comp.to(device), temperature)
-    return logprobs, (entropy if with_entropy else None)
-
-
 class PolicyUpdater:
     """``num_iterations x num_mini_batches`` optimizer steps of the GRPO loss over one rollout batch.
 
     Args:
-        loss_fn: the per-micro-batch loss (clipped surrogate, KL, off-policy correction).
+        loss_fn: the per-micro-batch loss (:class:`~lit_rlft.core.losses.GRPOLoss`).
         temperature: sampling temperature, applied to training logits as well (TRL does the same).
         num_iterations: passes over the batch (PPO epochs).
         num_mini_batches: optimizer steps per pass.
         micro_batch_size: rows per forward/backward (``None``: the whole mini-batch).
+        micro_batch_tokens: tokens per forward/backward instead (see :mod:`lit_rlft.step.batching`); padded passes
+            are then trimmed to each micro-batch's longest prompt and completion.
+        padding_free: packed (padding-free) forward passes.
         max_grad_norm: clip the global gradient norm (0 = off).
         max_nonfinite_skips: stop (:class:`NonFiniteUpdateError`) after this many consecutive optimizer steps with
             a non-finite loss or gradient (0 = never stop).
+
+    Everything computed over the batch is global, so ``W`` ranks equal one rank holding the whole batch: the loss
+    normaliser (:meth:`GRPOLoss.micro_batch_weight` summed over micro-batches and ranks), the threshold of
+    ``top_entropy_quantile`` and the entropy bonus's token count (a no-grad pre-pass over the mini-batch when the
+    quantile is below 1), and the adaptive entropy coefficient (:attr:`entropy_control`, from the global mean).
 
     Numerical faults: when the global gradient norm of a mini-batch is NaN or infinite (a NaN loss gives one), its
     gradient is dropped before the optimizer step: the optimizer steps over no gradient (torch optimizers leave such
@@ -116,7 +109,8 @@ class PolicyUpdater:
     """
 
     def __init__(self, loss_fn: GRPOLoss, temperature: float, num_iterations: int = 1, num_mini_batches: int = 1,
-                 micro_batch_size: int | None = None, max_grad_norm: float = 1.0, max_nonfinite_skips: int = 3):
+                 micro_batch_size: int | None = None, max_grad_norm: float = 1.0, max_nonfinite_skips: int = 3,
+                 micro_batch_tokens: int | None = None, padding_free: bool = False):
         if max_nonfinite_skips < 0:
             raise ValueError(f"max_nonfinite_skips must be >= 0 (0 = never stop), got {max_nonfinite_skips}")
         self.loss_fn = loss_fn
@@ -124,18 +118,36 @@ class PolicyUpdater:
         self.num_iterations = num_iterations
         self.num_mini_batches = num_mini_batches
         self.micro_batch_size = micro_batch_size
+        self.micro_batch_tokens = micro_batch_tokens
+        self.padding_free = padding_free
         self.max_grad_norm = max_grad_norm
         self.max_nonfinite_skips = max_nonfinite_skips
+        self.entropy_control = AdaptiveEntropyCoef.from_loss(loss_fn)
         self.skips_in_a_row = 0
         self.skips_total = 0
         self.optimizer_steps = 0  # over the updater's life (what trainer.max_steps counts)
 
-    def weight(self, rollouts: Rollouts, rows: Tensor) -> float:
-        """A micro-batch's share of its mini-batch's loss: tokens for ``dapo``, sequences otherwise."""
-        if self.loss_fn.loss_type == "dapo":
-            return float(rollouts.completion_mask[rows].sum().clamp(min=1))
-        return float(len(rows))
+    # -- batching ----------------------------------------------------------------------------------------------
+    def micro_batches(self, rollouts: Rollouts, rows: Tensor) -> list[Tensor]:
+        """The micro-batches ``[n_k]`` of a mini-batch's ``rows`` ``[m]``: by row count or by token budget."""
+        if self.micro_batch_tokens is None:
+            return list(rows.split(self.micro_batch_size or len(rows)))
+        return token_budget_micro_batches(rows, rollouts.prompt_mask[rows].sum(1),
+                                          rollouts.completion_mask[rows].sum(1), self.micro_batch_tokens,
+                                          self.padding_free)
 
+    def weight(self, rollouts: Rollouts, rows: Tensor) -> float:
+        """A micro-batch's share of its mini-batch's loss (:meth:`GRPOLoss.micro_batch_weight`)."""
+        return self.loss_fn.micro_batch_weight(rollouts.completion_mask[rows], rollouts.truncated[rows])
+
+    def logprobs(self, backend: UpdateBackend, rollouts: Rollouts, rows: Tensor, with_entropy: bool = False,
+                 entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
+        """``[n, L]`` log-probs (and entropy) of ``rows`` under the backend's model."""
+        return sequence_logprobs(backend.model, rollouts, rows, self.temperature, backend.device, with_entropy,
+                                 packed=self.padding_free, trim=self.micro_batch_tokens is not None,
+                                 entropy_grad=entropy_grad)
+
+    # -- the update --------------------------------------------------------------------------------------------
     def update(
         self, rollouts: Rollouts, advantages: Tensor, backend: UpdateBackend,
         collective: Collective | None = None, ref_logprobs: RefLogprobs | None = None,
@@ -154,35 +166,79 @@ class PolicyUpdater:
         stats: dict[str, list[float]] = defaultdict(list)
         for _ in range(self.num_iterations):
             perm = torch.randperm(N) if self.num_mini_batches > 1 else torch.arange(N)
-            mini_batches = list(perm.chunk(self.num_mini_batches))
-            local = [self.weight(rollouts, mb) for mb in mini_batches]
-            totals = local if world == 1 else _sum_lists(collective.all_gather(local))  # global weight per mini-batch
-            for mb, total in zip(mini_batches, totals):
-                backend.zero_grad()
-                micro = list(mb.split(self.micro_batch_size or len(mb)))
-                for i, rows in enumerate(micro):
-                    with nullcontext() if i == len(micro) - 1 else backend.no_sync():
-                        out, entropy = self._loss(rollouts, rows, advantages, old, backend, ref_logprobs)
-                        backend.backward(out.loss * (self.weight(rollouts, rows) / total * world))
-                    for k, v in out.metrics.items():
-                        stats[k].append(float(v))
-                    stats["entropy"].append(float(entropy))
-                    stats["loss"].append(float(out.loss.detach()))
-                norm = backend.clip_grad_norm(self.max_grad_norm if self.max_grad_norm > 0 else math.inf)
-                if math.isfinite(norm) or getattr(backend, "scaler_skips_nonfinite", False):
-                    self.skips_in_a_row = 0
-                    if self.max_grad_norm > 0:
-                        stats["grad_norm"].append(norm)
-                else:
-                    self._skip(backend, stats, norm)
-                backend.optimizer_step()
-                self.optimizer_steps += 1
+            mini_batches = [self.micro_batches(rollouts, mb) for mb in perm.chunk(self.num_mini_batches)]
+            local = [[self.weight(rollouts, rows) for rows in micro] for micro in mini_batches]
+            sums = [sum(w) for w in local]
+            totals = sums if world == 1 else _sum_lists(collective.all_gather(sums))  # global weight per mini-batch
+            for micro, weights, total in zip(mini_batches, local, totals):
+                self._optimizer_step(rollouts, micro, weights, total or 1.0,
+                                     advantages, old, backend, collective, ref_logprobs, stats)
+            stats["perf/padding_share"].append(padding_share(rollouts, [r for m in mini_batches for r in m],
+                                                             self.padding_free, self.micro_batch_tokens is not None))
         skipped = len(stats.pop("nonfinite_skips", []))
         reduce = {"/min": np.min, "/max": np.max}
         metrics = {k: float(reduce.get(k[k.rfind("/"):], np.mean)(v)) for k, v in stats.items()}
         metrics["nonfinite_skips"] = float(skipped)
         metrics["learning_rate"] = backend.learning_rate()
+        if self.entropy_control.enabled:
+            metrics["entropy_coef"] = self.entropy_control.apply_coef()
         return metrics
+
+    def _optimizer_step(self, rollouts: Rollouts, micro: list[Tensor], weights: list[float], total: float,
+                        advantages: Tensor, old: Tensor | None, backend: UpdateBackend, collective: Collective,
+                        ref_logprobs: RefLogprobs | None, stats: dict[str, list[float]]) -> None:
+        """One mini-batch: its micro-batches' backward passes (gradient sync on the last), clipping, one step."""
+        world = collective.world_size
+        threshold, bonus_tokens = self._entropy_globals(rollouts, micro, backend, collective)
+        entropy_sums = torch.zeros(2, dtype=torch.float64)
+        backend.zero_grad()
+        for i, (rows, w) in enumerate(zip(micro, weights)):
+            with nullcontext() if i == len(micro) - 1 else backend.no_sync():
+                normaliser = bonus_tokens * w / total if bonus_tokens is not None else None
+                out, entropy = self._loss(rollouts, rows, advantages, old, backend, ref_logprobs, threshold,
+                                          normaliser)
+                backend.backward(out.loss * (w / total * world))
+            for k, v in out.metrics.items():
+                stats[k].append(float(v))
+            stats["entropy"].append(float(entropy))
+            stats["loss"].append(float(out.loss.detach()))
+            if out.entropy_stats is not None:
+                entropy_sums += out.entropy_stats.detach().double().cpu()
+        norm = backend.clip_grad_norm(self.max_grad_norm if self.max_grad_norm > 0 else math.inf)
+        if math.isfinite(norm) or getattr(backend, "scaler_skips_nonfinite", False):
+            self.skips_in_a_row = 0
+            if self.max_grad_norm > 0:
+                stats["grad_norm"].append(norm)
+        else:
+            self._skip(backend, stats, norm)
+        backend.optimizer_step()
+        self.optimizer_steps += 1
+        if self.entropy_control.adaptive:  # the global mean entropy of this step's bonus tokens
+            total_sum, count = (entropy_sums if world == 1 else
+                                torch.stack(collective.all_gather(entropy_sums)).sum(0)).tolist()
+            self.entropy_control.update(total_sum / max(count, 1.0))
+
+    def _entropy_globals(self, rollouts: Rollouts, micro: list[Tensor], backend: UpdateBackend,
+                         collective: Collective) -> tuple[float | None, float | None]:
+        """``(threshold, bonus tokens)`` over the whole mini-batch and every rank: the ``top_entropy_quantile``
+        threshold (a no-grad entropy pass over the mini-batch first) and the entropy bonus's global token count."""
+        loss = self.loss_fn
+        threshold = None
+        if loss.top_entropy_quantile < 1.0:
+            with torch.no_grad():
+                local = torch.cat([
+                    self.logprobs(backend, rollouts, rows, with_entropy=True)[1].cpu()[
+                        loss.token_mask(rollouts.completion_mask[rows], rollouts.truncated[rows])]
+                    for rows in micro])  # [this rank's loss tokens]
+            values = local if not collective.is_distributed else torch.cat(collective.all_gather(local))
+            threshold = entropy_threshold(values, loss.top_entropy_quantile)
+            count = float((values >= threshold).sum())
+        elif loss.entropy_bonus:
+            count = float(sum(int(loss.token_mask(rollouts.completion_mask[rows], rollouts.truncated[rows]).sum())
+                              for rows in micro))
+            if collective.is_distributed:
+                count = float(sum(collective.all_gather(count)))
+        return threshold, (count if loss.entropy_bonus else None)
 
     def _skip(self, backend: UpdateBackend, stats: dict[str, list[float]], norm: float) -> None:
         """Drop a non-finite gradient (the optimizer then steps over nothing); stop after too many in a row."""
@@ -193,25 +249,27 @@ class PolicyUpdater:
         if self.max_nonfinite_skips and self.skips_in_a_row >= self.max_nonfinite_skips:
             raise NonFiniteUpdateError(
                 f"{self.skips_in_a_row} optimizer steps in a row had a non-finite loss or gradient (norm {norm}); "
-                "their updates were skipped and the weights are still finite. Lower model.optim.learning_rate, check the "
-                "rewards and the precision (bf16-mixed rather than 16-mixed), or raise model.optim.max_nonfinite_skips"
+                "their updates were skipped and the weights are still finite. Lower model.optim.learning_rate, check "
+                "the rewards and the precision (bf16-mixed rather than 16-mixed), or raise "
+                "model.optim.max_nonfinite_skips"
             )
 
     @torch.no_grad()
     def old_logprobs(self, rollouts: Rollouts, backend: UpdateBackend) -> Tensor:
         """``[N, L]`` log-probs of every row under the policy before this update (no gradient)."""
         N = rollouts.completion_tokens.shape[0]
-        micro = self.micro_batch_size or N
-        return torch.cat([self.logprobs(backend, rollouts, rows)[0] for rows in torch.arange(N).split(micro)])
-
-    def logprobs(self, backend: UpdateBackend, rollouts: Rollouts, rows: Tensor,
-                 with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
-        return sequence_logprobs(backend.model, rollouts, rows, self.temperature, backend.device, with_entropy)
+        out = torch.zeros(rollouts.completion_tokens.shape, dtype=torch.float32, device=backend.device)  # [N, L]
+        for rows in self.micro_batches(rollouts, torch.arange(N)):
+            out[rows.to(out.device)] = self.logprobs(backend, rollouts, rows)[0]
+        return out
 
     def _loss(self, rollouts: Rollouts, rows: Tensor, advantages: Tensor, old: Tensor | None,
-              backend: UpdateBackend, ref_logprobs: RefLogprobs | None) -> tuple[LossOutput, Tensor]:
+              backend: UpdateBackend, ref_logprobs: RefLogprobs | None, threshold: float | None,
+              normaliser: float | None) -> tuple[LossOutput, Tensor]:
         device = backend.device
-        logprobs, entropy = self.logprobs(backend, rollouts, rows, with_entropy=True)  # [n, L] each
+        loss_fn = self.loss_fn
+        logprobs, entropy = self.logprobs(backend, rollouts, rows, with_entropy=True,
+                                          entropy_grad=loss_fn.entropy_bonus)  # [n, L] each
         mask = rollouts.completion_mask[rows].to(device)  # [n, L]
         old_rows = logprobs.detach() if old is None else old[rows].to(device)  # [n, L]
         behaviour = replay_rows = None
@@ -228,11 +286,26 @@ class PolicyUpdater:
             rollouts.old_logprobs = torch.zeros(rollouts.completion_tokens.shape, dtype=torch.float32)
         rollouts.old_logprobs[rows] = old_rows.detach().float().cpu()
         ref = ref_logprobs(rollouts, rows) if ref_logprobs is not None else None
+        extra: dict[str, object] = {}
+        if loss_fn.mask_truncated_completions:
+            extra["truncated"] = rollouts.truncated[rows].to(device)
+        if loss_fn.needs_entropy:
+            extra.update(entropy=entropy, entropy_threshold=threshold)
+        if loss_fn.entropy_bonus:
+            extra.update(entropy_coef=self.entropy_control.apply_coef(), entropy_normalizer=normaliser)
         # Without engine log-probs, fresh rows carry mu = pi_old (a ratio of exactly 1): no replay mask is needed.
-        out = self.loss_fn(logprobs, old_rows, advantages[rows].to(device), mask, ref_logprobs=ref,
-                           behaviour_logprobs=behaviour, replay_mask=replay_rows if engine is not None else None)
-        ent = (entropy.detach() * mask).sum() / mask.sum().clamp(min=1)
+        out = loss_fn(logprobs, old_rows, advantages[rows].to(device), mask, ref_logprobs=ref,
+                      behaviour_logprobs=behaviour, replay_mask=replay_rows if engine is not None else None, **extra)
+        entropy = entropy.detach()
+        ent = (entropy * mask).sum() / mask.sum().clamp(min=1)
         return out, ent
+
+    def state_dict(self) -> dict[str, float]:
+        """What a resumed run needs: the adaptive entropy coefficient."""
+        return self.entropy_control.state_dict()
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.entropy_control.load_state_dict(state)
 
 
 def _sum_lists(parts: list[list[float]]) -> list[float]:

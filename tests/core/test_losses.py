@@ -6,7 +6,15 @@ import math
 import pytest
 import torch
 
-from lit_rlft.core.losses import AGGREGATIONS, GRPOLoss, constant_length_sum, k3_kl, sequence_mean, token_mean
+from lit_rlft.core.losses import (
+    AGGREGATIONS,
+    LOSS_TYPES,
+    GRPOLoss,
+    constant_length_sum,
+    k3_kl,
+    sequence_mean,
+    token_mean,
+)
 
 IS = "sampling/importance_sampling_ratio"
 
@@ -58,9 +66,15 @@ def test_each_loss_type_value_and_gradient(loss_type, expected, weights):
 
 
 def test_aggregation_registry_and_dr_grpo_needs_length():
-    assert {"grpo": sequence_mean, "dapo": token_mean, "dr_grpo": constant_length_sum} == AGGREGATIONS
+    reduce = {name: LOSS_TYPES[name].aggregation for name in ("grpo", "dapo", "dr_grpo")}
+    assert {k: AGGREGATIONS[v].reduce for k, v in reduce.items()} == {
+        "grpo": sequence_mean, "dapo": token_mean, "dr_grpo": constant_length_sum}
     with pytest.raises(ValueError, match="max_completion_length"):
         constant_length_sum(PER_TOKEN, MASK, None)
+    # the length may be missing at construction (the module fills it in); the call needs it
+    loss_fn = GRPOLoss(loss_type="dr_grpo")
+    with pytest.raises(ValueError, match="max_completion_length"):
+        loss_fn(LOGP, OLD, ADV, MASK)
     # a sequence without real tokens counts as 0 in "grpo": (mean(1, 3) + 0) / 2 = 1.0
     per_token = torch.tensor([[1.0, 3.0], [5.0, 7.0]])
     torch.testing.assert_close(sequence_mean(per_token, torch.tensor([[1, 1], [0, 0]])), torch.tensor(1.0))
@@ -293,9 +307,8 @@ def test_outputs_are_differentiable_loss_and_detached_metrics():
         ({"epsilon_high": -0.1}, r"`epsilon_high`.*-0\.1"),
         ({"beta": -1.0}, r"`beta`.*-1\.0"),
         ({"importance_cap": 0.0}, r"`importance_cap`.*0\.0"),
-        ({"loss_type": "bnpo"}, r"`loss_type`.*'bnpo'"),
+        ({"loss_type": "ppo"}, r"`loss_type`.*'ppo'"),
         ({"off_policy": "vtrace"}, r"`off_policy`.*'vtrace'"),
-        ({"loss_type": "dr_grpo"}, r"`max_completion_length`"),
         ({"max_completion_length": 0}, r"`max_completion_length`.*0"),
     ],
 )

@@ -213,7 +213,9 @@ class _NaNLoss:
 
     def __init__(self, loss_fn, module, bad_steps):
         self.loss_fn, self.module, self.bad_steps = loss_fn, module, set(bad_steps)
-        self.loss_type = loss_fn.loss_type
+
+    def __getattr__(self, name):  # the loss's options and normalisation
+        return getattr(self.loss_fn, name)
 
     def __call__(self, *args, **kwargs):
         out = self.loss_fn(*args, **kwargs)

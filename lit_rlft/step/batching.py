@@ -1,0 +1,135 @@
+"""How a mini-batch is cut into micro-batches, and how a micro-batch's sequences reach the model.
+
+Notation: ``n`` rows of a micro-batch, ``P`` / ``L`` the batch's prompt / completion widths (left- / right-padded),
+``p_i`` / ``l_i`` row ``i``'s real prompt / completion tokens, ``T = sum_i (p_i + l_i)``, ``V`` the vocabulary.
+
+- Micro-batches by rows (``micro_batch_size``) or by a token budget (``micro_batch_tokens``, as verl's dynamic batch
+  size): rows sorted by length and packed next-fit so that each micro-batch's forward holds at most the budget
+  (a single row longer than the budget is a micro-batch of its own). The loss normalisation does not depend on the
+  split (the updater normalises by the mini-batch's global weight), so any split gives the same update.
+- Padded passes (``[n, P + L]`` with an attention mask), optionally trimmed to the micro-batch's own longest prompt
+  and completion, or packed passes (``padding_free``): the rows' real tokens concatenated into one ``[1, T]``
+  sequence with positions restarting at each row, from which transformers builds a block-diagonal causal mask
+  (sdpa and flash attention; it needs ``use_cache=False``). Both return log-probs in the ``[n, L]`` layout.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from lit_rlft.core.logprobs import completion_logprobs
+from lit_rlft.core.types import Rollouts
+
+__all__ = ["padding_share", "sequence_logprobs", "token_budget_micro_batches"]
+
+
+def token_budget_micro_batches(rows: Tensor, prompt_lengths: Tensor, completion_lengths: Tensor, budget: int,
+                               packed: bool) -> list[Tensor]:
+    """Split ``rows`` ``[m]`` into micro-batches whose forward holds at most ``budget`` tokens.
+
+    A micro-batch's size is ``sum_i (p_i + l_i)`` when ``packed``, else ``n * (max p_i + max l_i)`` (a padded pass
+    trimmed to the micro-batch). Rows are taken longest first (so padded micro-batches hold rows of similar length)
+    and each micro-batch is filled until the next row would exceed the budget.
+
+    Args:
+        rows: ``[m]`` the mini-batch's row indices.
+        prompt_lengths / completion_lengths: ``[m]`` real tokens of each row.
+        budget: tokens per micro-batch at most.
+        packed: whether the forward is packed (no padding).
+    """
+    if budget < 1:
+        raise ValueError(f"micro_batch_tokens must be >= 1, got {budget}")
+    order = torch.argsort(prompt_lengths + completion_lengths, descending=True, stable=True)
+    out: list[list[int]] = []
+    size = p_max = l_max = 0
+    for k in order.tolist():
+        p, lc = int(prompt_lengths[k]), int(completion_lengths[k])
+        rows_then = len(out[-1]) + 1 if out else 1
+        grown = size + p + lc if packed else rows_then * (max(p_max, p) + max(l_max, lc))
+        if out and grown <= budget:
+            out[-1].append(k)
+            size, p_max, l_max = grown, max(p_max, p), max(l_max, lc)
+        else:
+            out.append([k])
+            size, p_max, l_max = p + lc, p, lc
+    return [rows[torch.tensor(group, dtype=torch.long)] for group in out]
+
+
+def padding_share(rollouts: Rollouts, micro_batches: list[Tensor], packed: bool, trimmed: bool) -> float:
+    """The share of the positions the forward passes of ``micro_batches`` spend on padding."""
+    p_len, c_len = rollouts.prompt_mask.sum(1), rollouts.completion_mask.sum(1)  # [N] each
+    real = total = 0
+    for rows in micro_batches:
+        real += int((p_len[rows] + c_len[rows]).sum())
+        if packed:
+            total += int((p_len[rows] + c_len[rows]).sum())
+        elif trimmed:
+            total += len(rows) * int(p_len[rows].max() + c_len[rows].max())
+        else:
+            total += len(rows) * (rollouts.prompt_tokens.shape[1] + rollouts.completion_tokens.shape[1])
+    return 1.0 - real / max(total, 1)
+
+
+def sequence_logprobs(
+    model: nn.Module, rollouts: Rollouts, rows: Tensor, temperature: float, device: torch.device | str,
+    with_entropy: bool = False, packed: bool = False, trim: bool = False, entropy_grad: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Per-token log-probs ``[n, L]`` (and entropy ``[n, L]``) of the completions at ``rows`` ``[n]`` under ``model``.
+
+    Positions are computed as ``generate`` computes them under left padding, so these match the sampling log-probs.
+    ``packed``: one padding-free sequence (see the module docstring); ``trim``: a padded pass cut to the rows' own
+    longest prompt and completion. Both give the untrimmed pass's values up to float rounding; positions past a
+    row's completion are 0. ``entropy_grad``: the entropy keeps its gradient (an entropy bonus in the loss).
+    """
+    if packed:
+        return _packed_logprobs(model, rollouts, rows, temperature, device, with_entropy, entropy_grad)
+    prompt, comp = rollouts.prompt_tokens[rows], rollouts.completion_tokens[rows]  # [n, P], [n, L]
+    p_mask, c_mask = rollouts.prompt_mask[rows], rollouts.completion_mask[rows]  # [n, P], [n, L]
+    width = comp.shape[1]
+    if trim:
+        p_keep, c_keep = max(int(p_mask.sum(1).max()), 1), max(int(c_mask.sum(1).max()), 1)
+        prompt, p_mask = prompt[:, prompt.shape[1] - p_keep :], p_mask[:, p_mask.shape[1] - p_keep :]
+        comp, c_mask = comp[:, :c_keep], c_mask[:, :c_keep]
+    attn = torch.cat([p_mask, c_mask], dim=1).to(device)  # [n, P' + L']
+    input_ids = torch.cat([prompt, comp], dim=1).to(device)  # [n, P' + L']
+    position_ids = (attn.cumsum(dim=1) - 1).clamp(min=0)  # [n, P' + L']
+    length = comp.shape[1]
+    logits = model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False,
+                   logits_to_keep=length + 1).logits[:, :-1]  # [n, L', V]
+    logprobs, entropy = completion_logprobs(logits, comp.to(device), temperature, entropy_grad=entropy_grad)
+    if length < width:  # back to the batch's layout
+        logprobs = torch.nn.functional.pad(logprobs, (0, width - length))
+        entropy = torch.nn.functional.pad(entropy, (0, width - length))
+    return logprobs, (entropy if with_entropy else None)
+
+
+def _packed_logprobs(model: nn.Module, rollouts: Rollouts, rows: Tensor, temperature: float,
+                     device: torch.device | str, with_entropy: bool,
+                     entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
+    """The rows' real tokens as one ``[1, T]`` sequence, positions restarting per row; logits only where they
+    predict a completion token."""
+    p_mask, c_mask = rollouts.prompt_mask[rows].bool(), rollouts.completion_mask[rows].bool()  # [n, P], [n, L]
+    prompts, comps = rollouts.prompt_tokens[rows], rollouts.completion_tokens[rows]
+    pieces, positions, keep, targets = [], [], [], []
+    offset = 0
+    for i in range(len(rows)):
+        p, c = prompts[i][p_mask[i]], comps[i][c_mask[i]]  # [p_i], [l_i]
+        pieces.append(torch.cat([p, c]))
+        positions.append(torch.arange(len(p) + len(c)))
+        # logits at position t predict token t + 1: the completion's tokens are predicted from p_i - 1 on
+        keep.append(torch.arange(offset + len(p) - 1, offset + len(p) - 1 + len(c)))
+        targets.append(c)
+        offset += len(p) + len(c)
+    input_ids = torch.cat(pieces)[None].to(device)  # [1, T]
+    position_ids = torch.cat(positions)[None].to(device)  # [1, T]
+    index = torch.cat(keep).to(device)  # [sum l_i]
+    logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False,
+                   logits_to_keep=index).logits  # [1, sum l_i, V]
+    lp, ent = completion_logprobs(logits, torch.cat(targets)[None].to(device), temperature,
+                                  entropy_grad=entropy_grad)  # [1, sum l_i] each
+    shape = (len(rows), comps.shape[1])
+    where = c_mask.to(device)  # [n, L]; completions are a prefix of each row
+    logprobs = torch.zeros(shape, dtype=lp.dtype, device=device).masked_scatter(where, lp[0])
+    entropy = torch.zeros(shape, dtype=ent.dtype, device=device).masked_scatter(where, ent[0])
+    return logprobs, (entropy if with_entropy else None)
