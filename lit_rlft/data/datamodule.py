@@ -49,6 +49,36 @@ class _StepTokens(IterableDataset):
         return iter(range(start, self.length, stride))
 
 
+class StepTokenLoader(DataLoader):
+    """The train loader: step tokens, resumable mid-epoch.
+
+    Its position in the epoch is part of Lightning's checkpoint (``state_dict``) and a resumed run skips the tokens
+    already consumed, so the epoch ends where the uninterrupted run's would. The tokens carry no data (the plan, in
+    the datamodule's own state, decides the prompts), so this is bookkeeping; it also means Lightning no longer warns
+    that a mid-epoch resume with a "non-resumable" loader could replay data, which never applied here.
+    """
+
+    def __init__(self, num_steps: int, num_workers: int = 0):
+        super().__init__(_StepTokens(num_steps), batch_size=None, num_workers=num_workers,
+                         persistent_workers=num_workers > 0)
+        self.position = 0
+        self._skip = 0
+
+    def __iter__(self):
+        skip, self._skip, self.position = self._skip, 0, 0
+        for token in super().__iter__():
+            self.position += 1
+            if self.position > skip:
+                yield token
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        position = int(state.get("position", 0))
+        self._skip = position if position < len(self.dataset) else 0  # a finished epoch: start the next one
+
+
 class _GlobalBatches(IterableDataset):
     """Consecutive batches of ``batch_size`` ids (the last one shorter), the same on every rank."""
 
@@ -238,8 +268,7 @@ class PromptDataModule(L.LightningDataModule):
         return math.ceil(len(self.pool("train")) / self.batch_size)
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(_StepTokens(self.steps_per_epoch()), batch_size=None,
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+        return StepTokenLoader(self.steps_per_epoch(), self.num_workers)
 
     def val_dataloader(self) -> DataLoader | list:
         if self.val_pool is None:

@@ -111,7 +111,14 @@ class FabricLoop:
 
     # -- the loop ------------------------------------------------------------------------------------------------
     def fit(self, module: Any, datamodule: Any, ckpt_path: str | None = None) -> None:
-        """Set up the model, optimizer and callbacks, optionally resume from ``ckpt_path``, and train."""
+        """Set up the model, optimizer and callbacks, optionally resume from ``ckpt_path``, and train. The reward
+        worker processes are stopped when it returns or raises."""
+        try:
+            self._fit(module, datamodule, ckpt_path)
+        finally:
+            module.grpo.close()
+
+    def _fit(self, module: Any, datamodule: Any, ckpt_path: str | None) -> None:
         self.setup(module, datamodule)
         if ckpt_path is not None:
             self.load(ckpt_path)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -23,13 +22,14 @@ from lit_rlft.callbacks.budget import training_ends
 from lit_rlft.core.advantages import ScaleRewards
 from lit_rlft.core.losses import GRPOLoss
 from lit_rlft.lightning.backend import LightningBackend
+from lit_rlft.lightning.progress import rollout_progress_bar
 from lit_rlft.models.loading import LoRAConfig, build_policy, load_tokenizer_for
-from lit_rlft.models.sharding import data_parallel_mesh, is_sharded
+from lit_rlft.models.sharding import fsdp2_mesh, is_sharded
 from lit_rlft.models.tiny import TinyConfig
 from lit_rlft.rewards.runner import RewardFunc, RewardRunner, resolve_reward
 from lit_rlft.rollout.base import RolloutEngine
 from lit_rlft.rollout.hf import HFEngine
-from lit_rlft.step.config import GenerationConfig, OptimConfig, moved_key_message, nest_flat_options
+from lit_rlft.step.config import GenerationConfig, OptimConfig, as_config, merge_moved_keys
 from lit_rlft.step.context import RolloutHook
 from lit_rlft.step.distributed import get_collective
 from lit_rlft.step.grpo import GRPOStep
@@ -83,10 +83,11 @@ class GRPOModule(L.LightningModule):
     ):
         super().__init__()
         if moved:
-            generation, loss, optim, engine = _merge_moved(moved, generation=generation, loss=loss, optim=optim,
-                                                           engine=engine)
-        generation, loss, optim = _as(GenerationConfig, generation), _as(GRPOLoss, loss), _as(OptimConfig, optim)
-        self.tiny, self.lora = _as(TinyConfig, tiny, None), _as(LoRAConfig, lora, None)
+            nested = merge_moved_keys("GRPOModule", moved, generation=generation, loss=loss, optim=optim, engine=engine)
+            generation, loss, optim, engine = (nested.get(k) for k in ("generation", "loss", "optim", "engine"))
+        generation, loss, optim = (as_config(GenerationConfig, generation), as_config(GRPOLoss, loss),
+                                   as_config(OptimConfig, optim))
+        self.tiny, self.lora = as_config(TinyConfig, tiny, None), as_config(LoRAConfig, lora, None)
         self.save_hyperparameters(ignore=["reward_funcs", "tiny", "lora", "engine", "generation", "loss", "optim",
                                           "moved"])
         # Plain types only: Lightning loads checkpoints with weights_only=True, which refuses dataclasses.
@@ -138,18 +139,7 @@ class GRPOModule(L.LightningModule):
         return self._reference
 
     def _fsdp_mesh(self) -> Any:
-        from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
-
-        strategy = getattr(self._trainer, "strategy", None)
-        if isinstance(strategy, FSDPStrategy):
-            raise ValueError(
-                "trainer.strategy: FSDPStrategy (FSDP1) is not supported: GRPO calls the policy outside the "
-                "strategy's root module (generate, log-probs, reference and embedding passes), which FSDP1's flat "
-                "parameters do not allow. Shard with FSDP2 instead, on GPU as on CPU: strategy: {class_path: "
-                "lightning.pytorch.strategies.ModelParallelStrategy, init_args: {data_parallel_size: <devices x "
-                "nodes>, tensor_parallel_size: 1}} (see configs/parallel/)"
-            )
-        return data_parallel_mesh(strategy.device_mesh) if isinstance(strategy, ModelParallelStrategy) else None
+        return fsdp2_mesh(getattr(self._trainer, "strategy", None))
 
     def setup(self, stage: str) -> None:
         trainer = self.trainer
@@ -159,6 +149,12 @@ class GRPOModule(L.LightningModule):
                        ends=lambda: training_ends(trainer.should_stop, trainer.max_steps, trainer.global_step,
                                                   trainer.callbacks, self.grpo),
                        log_dir=trainer.log_dir or trainer.default_root_dir, stage=stage)
+
+    def configure_callbacks(self) -> list[Any]:
+        """Lightning's progress bar, counting rollout steps (see :mod:`lit_rlft.lightning.progress`)."""
+        o = self.grpo.optim
+        bar = rollout_progress_bar(self.trainer.progress_bar_callback, o.num_iterations * o.num_mini_batches)
+        return [bar] if bar is not None else []
 
     def _start(self) -> None:
         """The reference on this module's device; the engine on the current weights (a resumed run restored
@@ -228,21 +224,3 @@ class GRPOModule(L.LightningModule):
 def rollout_hooks(callbacks: Sequence[Any]) -> list[RolloutHook]:
     """The callbacks that reshape a step's batch, in callback order."""
     return [cb for cb in callbacks if isinstance(cb, RolloutHook)]
-
-
-def _as(cls: type, value: Any, default: Any = dataclasses.MISSING) -> Any:
-    """``value`` as a ``cls`` dataclass: kept if it is one, built from a dict (hyper-parameters of a checkpoint),
-    ``cls()`` (or ``default``) when None."""
-    if value is None:
-        return cls() if default is dataclasses.MISSING else default
-    return cls(**value) if isinstance(value, Mapping) else value
-
-
-def _merge_moved(moved: dict[str, Any], **given: Any) -> tuple[Any, ...]:
-    """Flat 0.2 keyword arguments merged into the nested configs (with a warning naming each new place)."""
-    unknown = [k for k in moved if moved_key_message(k) is None]
-    if unknown:
-        raise TypeError(f"GRPOModule got unexpected keyword argument(s) {', '.join(unknown)}")
-    warnings.warn("; ".join(moved_key_message(k) for k in moved), FutureWarning, stacklevel=3)
-    out = nest_flat_options(moved, {k: v for k, v in given.items() if v is not None})
-    return tuple(out.get(k) for k in ("generation", "loss", "optim", "engine"))

@@ -11,7 +11,9 @@ module's constructor answer an old key with a one-line pointer to the new one (:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import warnings
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass
 from typing import Any, Literal
 
 from lit_rlft.rollout.base import SamplingConfig
@@ -183,3 +185,21 @@ def nest_flat_options(options: dict[str, Any], base: dict[str, Any] | None = Non
             given = builders[group](**given) if isinstance(given, dict) else given
             out[group] = dataclasses.replace(given, **values)
     return out
+
+
+def as_config(cls: type, value: Any, default: Any = MISSING) -> Any:
+    """``value`` as a ``cls`` dataclass: kept if it is one, built from a dict (the hyper-parameters of a checkpoint),
+    ``cls()`` (or ``default``) when None."""
+    if value is None:
+        return cls() if default is MISSING else default
+    return cls(**value) if isinstance(value, Mapping) else value
+
+
+def merge_moved_keys(owner: str, moved: dict[str, Any], **given: Any) -> dict[str, Any]:
+    """Flat 0.2 keyword arguments of ``owner`` merged into the nested configs ``given`` (``generation``, ``loss``,
+    ``optim``, ``engine``), with a warning naming each new place; an unknown key is a ``TypeError``."""
+    unknown = [k for k in moved if moved_key_message(k) is None]
+    if unknown:
+        raise TypeError(f"{owner} got unexpected keyword argument(s) {', '.join(unknown)}")
+    warnings.warn("; ".join(moved_key_message(k) for k in moved), FutureWarning, stacklevel=3)
+    return nest_flat_options(moved, {k: v for k, v in given.items() if v is not None})

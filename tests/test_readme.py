@@ -1,0 +1,73 @@
+"""The README's Python blocks and Fabric command lines run as written (the Trainer block with the two changes its
+doctest comment names: the tiny model and two steps)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+README = (REPO / "README.md").read_text()
+BIN = Path(sys.executable).parent
+
+
+def _block(tag: str) -> str:
+    """The fenced code block right after ``<!-- doctest: <tag> ... -->``."""
+    match = re.search(rf"<!-- doctest: {tag}\b.*?-->\n```\w*\n(.*?)```", README, re.S)
+    assert match, f"no doctest block {tag!r} in README.md"
+    return match.group(1)
+
+
+def _run(cmd: list[str], cwd: Path, timeout: float = 300) -> str:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
+    env.pop("MASTER_PORT", None)
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    return proc.stdout + proc.stderr
+
+
+def _scalars(folder: Path) -> set[str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = list(folder.rglob("events.out.tfevents.*"))
+    return set(EventAccumulator(str(events), size_guidance={"scalars": 0}).Reload().Tags()["scalars"])
+
+
+def test_the_trainer_quick_start_runs(tmp_path):
+    code = _block("trainer")
+    assert 'model="runs/sft/model"' in code and "max_steps=10_000" in code
+    code = code.replace('model="runs/sft/model"', 'model="tiny"').replace("max_steps=10_000", "max_steps=2")
+    (tmp_path / "quickstart.py").write_text(code)
+    _run([sys.executable, "quickstart.py"], tmp_path)
+    assert {"reward", "dps/effective_ratio", "replay/replayed_groups"} <= _scalars(tmp_path / "runs" / "quickstart")
+
+
+@pytest.mark.distributed
+def test_the_fabric_block_runs_on_two_processes_with_a_logger_and_checkpoints(tmp_path):
+    (tmp_path / "fabric_train.py").write_text(_block("fabric"))
+    out = _run([sys.executable, "fabric_train.py"], tmp_path)
+    assert "rollout steps" in out  # the progress bar
+    assert (tmp_path / "runs" / "fabric" / "step=2.ckpt").exists() and (tmp_path / "runs" / "fabric" / "step=4.ckpt").exists()
+    assert {"reward", "dps/effective_ratio", "dist/world_size"} <= _scalars(tmp_path / "runs" / "fabric" / "tb")
+
+
+FABRIC_COMMANDS = re.search(r"The example script takes the same run.*?```bash\n(.*?)```", README, re.S).group(1).splitlines()
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("command", FABRIC_COMMANDS, ids=lambda c: c.split()[0])
+def test_the_fabric_example_runs_with_each_launcher_as_written(tmp_path, command):
+    (tmp_path / "examples").mkdir()
+    shutil.copy(REPO / "examples" / "fabric_countdown.py", tmp_path / "examples")
+    program, *args = command.split()
+    executable = sys.executable if program == "python" else str(BIN / program)
+    out = _run([executable, *args], tmp_path)
+    assert re.search(r"4 rollout steps, \d+ completions, held-out accuracy \d\.\d{3}", out), out[-3000:]
+    assert (tmp_path / "runs" / "fabric_countdown" / "last.ckpt").exists()
