@@ -148,10 +148,6 @@ class Rollouts:
             generation_s=sum(p.generation_s for p in parts),
         )
 
-    def with_behaviour(self, logprobs: Tensor) -> Rollouts:
-        """A copy whose ``behaviour_logprobs`` are ``logprobs`` ``[N, L]``."""
-        return replace(self, behaviour_logprobs=logprobs)
-
 
 def _cat_per_func(dicts: list[dict[str, Tensor]], rewards: list[Tensor]) -> dict[str, Tensor]:
     """Concatenate per-function ``[b, G]`` scores along groups; a part without a function gets NaN rows."""
