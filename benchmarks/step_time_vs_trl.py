@@ -121,7 +121,7 @@ def planned_batches(args: argparse.Namespace, tokenizer: Any) -> list[dict[str, 
 def run_lit(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[Any]]]) -> dict[str, Any]:
     import lightning as L
 
-    from lit_rlft.lightning.module import GRPOModule
+    from lit_rlft import GenerationConfig, GRPOLoss, GRPOModule, OptimConfig
 
     class Timer(L.Callback):
         def __init__(self) -> None:
@@ -159,16 +159,10 @@ def run_lit(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[
         model=model_dir,
         engine=engine,
         reward_funcs=["lit_rlft.rewards.countdown_reward"],
-        num_generations=G,
-        max_completion_length=MAX_NEW,
-        temperature=1.0,
-        learning_rate=1e-5,
-        adam_betas=(0.9, 0.99),
+        generation=GenerationConfig(num_generations=G, max_completion_length=MAX_NEW, temperature=1.0),
+        loss=GRPOLoss(loss_type=args.loss_type, beta=0.0),
+        optim=OptimConfig(learning_rate=1e-5, adam_betas=(0.9, 0.99), num_iterations=1, max_grad_norm=1.0),
         scale_rewards=args.scale_rewards,
-        loss_type=args.loss_type,
-        beta=0.0,
-        num_iterations=1,
-        max_grad_norm=1.0,
     )
     timer = Timer()
     trainer = L.Trainer(

@@ -48,8 +48,8 @@ class Probe(L.Callback):
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         if self.dump and self.grads is None:
-            self.grads = {n: p.grad.detach().clone() for n, p in pl_module.policy.named_parameters()
-                          if p.grad is not None}
+            self.grads = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
+                          for n, p in pl_module.policy.named_parameters() if p.grad is not None}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         r, record = outputs["rollouts"], outputs["record"]
@@ -148,6 +148,7 @@ def main() -> None:
     p.add_argument("--ckpt-every", type=int, default=0)
     p.add_argument("--resume", default=None)
     p.add_argument("--dump", action="store_true")
+    p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--val", type=int, default=0, help="held-out prompts, evaluated every 2 steps (0: none)")
     p.add_argument("--engine", choices=["hf", "vllm", "raise-on-rank-1"], default="hf")
     a = p.parse_args()
@@ -169,7 +170,8 @@ def main() -> None:
     module = GRPOModule(
         engine=engine, model="tiny", tiny=TinyConfig(**TINY_SMALL), reward_funcs=[a.reward],
         generation=GenerationConfig(num_generations=4, max_completion_length=8),
-        optim=OptimConfig(learning_rate=1e-3, micro_batch_size=a.micro_batch_size),
+        optim=OptimConfig(learning_rate=1e-3, micro_batch_size=a.micro_batch_size,
+                          gradient_checkpointing=a.gradient_checkpointing),
         lora=LoRAConfig(r=4, alpha=8) if a.lora else None,
     )
     val = CountdownTask(size=a.val, split="test", seed=1) if a.val else None

@@ -133,7 +133,7 @@ def test_two_ranks_compute_the_one_rank_gradient(runs):
     all-reduce and clipping). Parameters after the AdamW step agree to 1e-6 relative wherever the gradient is above
     1e-5: AdamW's first step moves a weight by lr * g / (|g| + eps), which multiplies a gradient's rounding by
     lr * eps / (|g| + eps)^2 (6 for |g| = 1e-6: a few dozen of the 89k weights here)."""
-    from lit_rlft import GRPOModule, Rollouts, TinyConfig
+    from lit_rlft import GenerationConfig, GRPOModule, OptimConfig, Rollouts, TinyConfig
     from lit_rlft.core.advantages import group_advantages
     from lit_rlft.step.optim import adamw_with_warmup
     from lit_rlft.step.update import TorchBackend
@@ -144,7 +144,8 @@ def test_two_ranks_compute_the_one_rank_gradient(runs):
     tokens = [int(d["rollouts"].completion_mask.sum()) for d in (d0, d1)]
     assert tokens[0] != tokens[1], "equal token counts: the test could not tell a local from a global token mean"
     module = GRPOModule(model="tiny", tiny=TinyConfig(**TINY_SMALL), reward_funcs=["lit_rlft.rewards.countdown"],
-                        num_generations=4, max_completion_length=8, learning_rate=1e-3, micro_batch_size=3)
+                        generation=GenerationConfig(num_generations=4, max_completion_length=8),
+                        optim=OptimConfig(learning_rate=1e-3, micro_batch_size=3))
     module.configure_model()
     module.policy.load_state_dict(d0["before"], strict=False)  # the tied LM head is not a parameter of its own
     batch = Rollouts.concat([d0["rollouts"], d1["rollouts"]])
@@ -205,6 +206,23 @@ def test_a_failing_reward_on_one_rank_stops_every_rank_naming_it(tmp_path):
     assert result.stdout.count(message) >= 2, result.stdout[-4000:]  # raised on both ranks
     assert "returned 0 scores for 1 completion" in result.stdout
     assert not (tmp_path / "rank0.json").exists()
+
+
+def test_gradient_checkpointing_under_fsdp2_with_lora_gives_the_same_gradients(tmp_path):
+    """Checkpointing inside each FSDP2-sharded decoder layer (2 CPU ranks, LoRA, micro-batches): the first step's
+    full gradients equal those without checkpointing to 1e-6 relative, on both ranks."""
+    dumps = {}
+    for flag in ("", "--gradient-checkpointing"):
+        out = tmp_path / (flag or "plain")
+        result = launch(out, "--strategy", "fsdp2", "--lora", "--steps", "1", "--micro-batch-size", "3", "--dump",
+                        *([flag] if flag else []))
+        assert result.returncode == 0, result.stdout[-4000:]
+        dumps[flag] = [torch.load(out / f"rank{r}.pt", weights_only=False)["grads"] for r in (0, 1)]
+    for plain, checkpointed in zip(dumps[""], dumps["--gradient-checkpointing"]):
+        assert plain.keys() == checkpointed.keys() and all("lora_" in n for n in plain)
+        for name, g in plain.items():
+            rel = float((checkpointed[name] - g).norm() / g.norm().clamp(min=1e-30))
+            assert rel <= 1e-6, f"{name}: {rel:.2e}"
 
 
 def test_a_reward_raising_on_rank_1_only_is_printed_naming_rank_1_and_the_function(tmp_path):

@@ -1,0 +1,136 @@
+"""Packed (padding-free) and trimmed passes equal the padded pass; token-budget micro-batches give the update of
+row micro-batches; gradient checkpointing gives the gradients of the plain pass (fp32, CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lit_rlft.core.losses import GRPOLoss
+from lit_rlft.core.types import Rollouts
+from lit_rlft.models.loading import LoRAConfig, build_policy
+from lit_rlft.models.tiny import TinyConfig
+from lit_rlft.step.batching import padding_share, sequence_logprobs, token_budget_micro_batches
+from lit_rlft.step.update import PolicyUpdater, TorchBackend
+from tests.conftest import TINY_SMALL
+
+TINY2 = {**TINY_SMALL, "num_hidden_layers": 2}
+
+
+def _rollouts(B: int = 4, G: int = 3, P: int = 9, L: int = 12, seed: int = 0, replay: bool = False) -> Rollouts:
+    """Random rows with prompts of 2..P and completions of 1..L real tokens (left / right padding)."""
+    g = torch.Generator().manual_seed(seed)
+    N = B * G
+    p_len = torch.randint(2, P + 1, (B,), generator=g).repeat_interleave(G)
+    c_len = torch.randint(1, L + 1, (N,), generator=g)
+    prompt = torch.randint(3, 90, (B, P), generator=g).repeat_interleave(G, 0)
+    p_mask = (torch.arange(P)[None] >= (P - p_len)[:, None]).long()
+    comp = torch.randint(3, 90, (N, L), generator=g)
+    c_mask = (torch.arange(L)[None] < c_len[:, None]).long()
+    rewards = torch.randint(0, 2, (B, G), generator=g).float()
+    is_replay = torch.tensor([replay and b % 2 == 1 for b in range(B)])
+    return Rollouts(
+        prompt_ids=torch.arange(B), prompt_tokens=prompt * p_mask, prompt_mask=p_mask,
+        completion_tokens=comp * c_mask, completion_mask=c_mask, rewards=rewards, correct=rewards >= 1,
+        birth_step=torch.zeros(B, dtype=torch.long), is_replay=is_replay, truncated=c_len == L,
+        behaviour_logprobs=-torch.rand(N, L, generator=g) - 1.0 if replay else None,
+    )
+
+
+def _policy(seed: int = 0, **kw):
+    torch.manual_seed(seed)
+    return build_policy("tiny", tiny=TinyConfig(**TINY2), **kw)[0]
+
+
+def test_packed_and_trimmed_log_probs_equal_the_padded_pass():
+    policy, roll = _policy().eval(), _rollouts()
+    rows = torch.arange(12)
+    with torch.no_grad():
+        padded, ent = sequence_logprobs(policy, roll, rows, 0.8, "cpu", with_entropy=True)
+        packed, ent_p = sequence_logprobs(policy, roll, rows, 0.8, "cpu", with_entropy=True, packed=True)
+        trimmed, _ = sequence_logprobs(policy, roll, rows[:5], 0.8, "cpu", trim=True)
+    m = roll.completion_mask.bool()
+    torch.testing.assert_close(packed[m], padded[m], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ent_p[m], ent[m], rtol=1e-5, atol=1e-6)
+    assert (packed[~m] == 0).all()  # padding positions hold nothing
+    torch.testing.assert_close(trimmed[m[:5]], padded[:5][m[:5]], rtol=1e-5, atol=1e-6)
+    assert trimmed.shape == padded[:5].shape
+
+
+def _grads(updater: PolicyUpdater, roll: Rollouts, seed: int = 0, ref: bool = False, **policy_kw) -> dict:
+    """The gradient of one update (captured before the optimizer step) of a fresh policy."""
+    policy = _policy(seed, **policy_kw).train()
+    captured: dict[str, torch.Tensor] = {}
+
+    class Capture(torch.optim.SGD):
+        def step(self, closure=None):
+            captured.update({n: p.grad.detach().clone() for n, p in policy.named_parameters() if p.grad is not None})
+
+    backend = TorchBackend(policy, Capture([p for p in policy.parameters() if p.requires_grad], lr=0.0))
+    reference = _policy(seed + 1).eval() if ref else None
+
+    def ref_logprobs(rollouts, rows):
+        if reference is None:
+            return None
+        with torch.no_grad():
+            return sequence_logprobs(reference, rollouts, rows, updater.temperature, "cpu", packed=updater.padding_free,
+                                     trim=updater.micro_batch_tokens is not None)[0]
+
+    updater.update(roll, torch.randn(roll.completion_tokens.shape[0], generator=torch.Generator().manual_seed(1)),
+                   backend, ref_logprobs=ref_logprobs)
+    return captured
+
+
+def _assert_same(a: dict, b: dict, rtol: float) -> None:
+    assert a.keys() == b.keys() and a
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=rtol, atol=rtol * a[name].abs().max().item(), msg=name)
+
+
+@pytest.mark.parametrize("loss", [GRPOLoss(loss_type="dapo"), GRPOLoss(loss_type="grpo", beta=0.04),
+                                  GRPOLoss(loss_type="dr_grpo", max_completion_length=12, beta=0.04)],
+                         ids=["dapo", "grpo+kl", "dr_grpo+kl"])
+def test_a_packed_update_equals_the_padded_one_with_replay_and_kl(loss):
+    roll = _rollouts(replay=True)
+    padded = _grads(PolicyUpdater(loss, 1.0, micro_batch_size=5), roll, ref=loss.beta > 0)
+    packed = _grads(PolicyUpdater(loss, 1.0, micro_batch_size=5, padding_free=True), roll, ref=loss.beta > 0)
+    _assert_same(padded, packed, rtol=1e-5)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_token_budget_micro_batches_give_the_update_of_row_micro_batches(packed):
+    roll, loss = _rollouts(B=5, replay=True), GRPOLoss(loss_type="dapo")
+    rows = _grads(PolicyUpdater(loss, 1.0, micro_batch_size=4, padding_free=packed), roll)
+    tokens = _grads(PolicyUpdater(loss, 1.0, micro_batch_tokens=40, padding_free=packed), roll)
+    _assert_same(rows, tokens, rtol=1e-6)
+
+
+def test_the_token_budget_partition_covers_every_row_once_within_the_budget():
+    roll = _rollouts(B=6)
+    p_len, c_len = roll.prompt_mask.sum(1), roll.completion_mask.sum(1)
+    rows = torch.randperm(18, generator=torch.Generator().manual_seed(3))
+    for packed in (False, True):
+        micro = token_budget_micro_batches(rows, p_len[rows], c_len[rows], budget=50, packed=packed)
+        assert sorted(torch.cat(micro).tolist()) == sorted(rows.tolist())
+        for m in micro:
+            size = int((p_len[m] + c_len[m]).sum()) if packed else len(m) * int(p_len[m].max() + c_len[m].max())
+            assert size <= 50 or len(m) == 1
+    assert padding_share(roll, [torch.arange(18)], packed=True, trimmed=False) == 0.0
+    assert 0 < padding_share(roll, [torch.arange(18)], packed=False, trimmed=False) < 1
+
+
+@pytest.mark.parametrize("lora", [None, LoRAConfig(r=4, alpha=8)], ids=["full", "lora"])
+def test_gradient_checkpointing_gives_the_same_gradients(lora, monkeypatch):
+    from transformers.models.qwen2 import modeling_qwen2
+
+    calls = []
+    forward = modeling_qwen2.Qwen2MLP.forward  # inside each decoder layer: a recomputed layer calls it again
+    monkeypatch.setattr(modeling_qwen2.Qwen2MLP, "forward", lambda self, x: calls.append(1) or forward(self, x))
+    roll, loss = _rollouts(), GRPOLoss(loss_type="dapo")
+    plain = _grads(PolicyUpdater(loss, 1.0, micro_batch_size=6), roll, lora=lora)
+    plain_calls, calls[:] = len(calls), []
+    checkpointed = _grads(PolicyUpdater(loss, 1.0, micro_batch_size=6), roll, lora=lora, gradient_checkpointing=True)
+    assert plain_calls == 2 * 2 and len(calls) == 2 * plain_calls  # 2 micro-batches x 2 layers, recomputed once
+    _assert_same(plain, checkpointed, rtol=1e-6)
+    if lora is not None:
+        assert all("lora_" in name for name in plain)
