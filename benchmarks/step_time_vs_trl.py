@@ -73,13 +73,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=B, help="prompts per step")
     p.add_argument("--generations", type=int, default=G, help="completions per prompt")
     p.add_argument("--max-new-tokens", type=int, default=MAX_NEW)
+    p.add_argument("--gradient-checkpointing", action="store_true", help="both sides (non-reentrant)")
+    p.add_argument("--padding-free", action="store_true", help="lit_rlft's packed training passes")
+    p.add_argument("--replay-delta", type=float, default=None, help="lit_rlft with ReplayCallback(delta=...)")
+    p.add_argument("--hidden", type=int, default=None, help="the tiny model's hidden size (default TinyConfig's)")
+    p.add_argument("--layers", type=int, default=None, help="the tiny model's decoder layers")
+    p.add_argument("--accelerator", default="cpu", choices=["cpu", "gpu"])
+    p.add_argument("--bf16", action="store_true", help="bf16-mixed on both sides (GPU)")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "step_time_vs_trl.json"))
     args = p.parse_args(argv)
     if args.steps <= args.warmup:
         p.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
     args.order = [s.strip() for s in args.order.split(",")]
-    if sorted(args.order) != ["lit", "trl"]:
-        p.error("--order must be lit,trl or trl,lit")
+    if sorted(args.order) not in (["lit", "trl"], ["lit"], ["trl"]):
+        p.error("--order must be lit,trl or trl,lit (or one side alone: lit | trl)")
     return args
 
 
@@ -92,6 +99,22 @@ def quiet() -> None:
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
+
+
+def reset_peak_memory(args: argparse.Namespace) -> None:
+    if args.accelerator == "gpu":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_memory(args: argparse.Namespace) -> float:
+    """MiB: CUDA's max allocated since the run started (GPU); else the process's peak RSS, which describes one side
+    only when the process ran that side alone (``--order lit`` or ``--order trl``, as memory_throughput.py does)."""
+    if args.accelerator == "gpu":
+        return torch.cuda.max_memory_allocated() / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
 def median(xs: list[float]) -> float:
@@ -161,21 +184,29 @@ def run_lit(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[
         reward_funcs=["lit_rlft.rewards.countdown_reward"],
         generation=GenerationConfig(num_generations=G, max_completion_length=MAX_NEW, temperature=1.0),
         loss=GRPOLoss(loss_type=args.loss_type, beta=0.0),
-        optim=OptimConfig(learning_rate=1e-5, adam_betas=(0.9, 0.99), num_iterations=1, max_grad_norm=1.0),
+        optim=OptimConfig(learning_rate=1e-5, adam_betas=(0.9, 0.99), num_iterations=1, max_grad_norm=1.0,
+                          gradient_checkpointing=args.gradient_checkpointing, padding_free=args.padding_free),
         scale_rewards=args.scale_rewards,
     )
     timer = Timer()
+    callbacks: list[Any] = [timer]
+    if args.replay_delta is not None:
+        from lit_rlft import ReplayCallback
+
+        callbacks.insert(0, ReplayCallback(delta=args.replay_delta, capacity=4 * B))
     trainer = L.Trainer(
-        accelerator="cpu",
+        accelerator=args.accelerator,
         devices=1,
+        precision="bf16-mixed" if args.bf16 else "32-true",
         max_steps=args.steps,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
-        callbacks=[timer],
+        callbacks=callbacks,
     )
+    reset_peak_memory(args)
     trainer.fit(module, datamodule=make_datamodule(args))
     return {
         "step_s": timer.step,
@@ -184,7 +215,8 @@ def run_lit(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[
         "self_reported_step_s": timer.self_step,
         "mean_completion_length": timer.lengths,
         "threads_seen": sorted(timer.threads),
-        "prompts_match_plan": timer.prompts_ok and len(timer.step) == args.steps,
+        "prompts_match_plan": (timer.prompts_ok or args.replay_delta is not None) and len(timer.step) == args.steps,
+        "peak_memory_mib": peak_memory(args),
     }
 
 
@@ -256,8 +288,10 @@ def run_trl(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[
         report_to=[],
         logging_steps=1,
         max_steps=args.steps,
-        bf16=False,
-        use_cpu=True,
+        bf16=args.bf16,
+        use_cpu=args.accelerator == "cpu",
+        gradient_checkpointing=args.gradient_checkpointing,  # TRL's default is True: set on both sides alike
+        gradient_checkpointing_kwargs={"use_reentrant": False},
         save_strategy="no",
         dataloader_num_workers=0,
         disable_tqdm=True,
@@ -284,6 +318,7 @@ def run_trl(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[
 
     trainer._generate_single_turn = timed_generate  # instance attribute shadows the method
     torch.set_num_threads(args.threads)  # in case anything in set-up changed it
+    reset_peak_memory(args)
     trainer.train()
     return {
         "step_s": timer.step,
@@ -293,6 +328,7 @@ def run_trl(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[
         "threads_seen": sorted(timer.threads),
         "prompts_match_plan": seen_prompts == [p["prompt"] for p in plan],
         "optimizer": type(trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer).__name__,
+        "peak_memory_mib": peak_memory(args),
     }
 
 
@@ -330,7 +366,11 @@ def main(argv: list[str] | None = None) -> int:
 
     work = tempfile.mkdtemp(prefix="step_time_vs_trl_")
     if args.model == "tiny":
-        model_dir = str(save_tiny_policy(Path(work) / "tiny", TinyConfig()))
+        size = {k: v for k, v in (("hidden_size", args.hidden), ("num_hidden_layers", args.layers)) if v}
+        if args.hidden:
+            size.update(intermediate_size=4 * args.hidden, num_attention_heads=max(1, args.hidden // 64),
+                        num_key_value_heads=max(1, args.hidden // 64))
+        model_dir = str(save_tiny_policy(Path(work) / "tiny", TinyConfig(**size)))
     else:
         model_dir = resolve_model_path(args.model)
     plan = planned_batches(args, load_tokenizer_for(model_dir))
@@ -365,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         return out
 
     overall: dict[str, Any] = {}
-    for side in ("lit", "trl"):
+    for side in args.order:
         steps, gen = pooled(side, "step_s"), pooled(side, "generation_s")
         overall[side] = {
             "median_step_s": median(steps),
@@ -374,7 +414,18 @@ def main(argv: list[str] | None = None) -> int:
             "median_generation_share": median([g / s for g, s in zip(gen, steps)]),
             "median_of_round_medians_s": median([e[side]["summary"]["median_step_s"] for e in rounds]),
             "n_steps": len(steps),
+            "peak_memory_mib": max(e[side]["raw"]["peak_memory_mib"] for e in rounds),
         }
+    if len(args.order) == 1:  # one side alone (a fresh process per side: its peak memory is that side's)
+        side = args.order[0]
+        result = {"command": "python benchmarks/step_time_vs_trl.py " + " ".join(sys.argv[1:] if argv is None
+                                                                                  else argv),
+                  "side": side, "overall": overall[side], "n_parameters": n_params,
+                  "rounds": [e[side]["summary"] for e in rounds]}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(overall[side]))
+        return 0
     ratio = overall["lit"]["median_step_s"] / overall["trl"]["median_step_s"]
     ratio_period = overall["lit"]["median_period_s"] / overall["trl"]["median_period_s"]
     round_ratios = [e["lit"]["summary"]["median_step_s"] / e["trl"]["summary"]["median_step_s"] for e in rounds]

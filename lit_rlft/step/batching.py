@@ -8,9 +8,11 @@ Notation: ``n`` rows of a micro-batch, ``P`` / ``L`` the batch's prompt / comple
   (a single row longer than the budget is a micro-batch of its own). The loss normalisation does not depend on the
   split (the updater normalises by the mini-batch's global weight), so any split gives the same update.
 - Padded passes (``[n, P + L]`` with an attention mask), optionally trimmed to the micro-batch's own longest prompt
-  and completion, or packed passes (``padding_free``): the rows' real tokens concatenated into one ``[1, T]``
-  sequence with positions restarting at each row, from which transformers builds a block-diagonal causal mask
-  (sdpa and flash attention; it needs ``use_cache=False``). Both return log-probs in the ``[n, L]`` layout.
+  and completion, or packed passes (``padding_free``): the rows' real tokens packed first-fit into bins as long as
+  the longest row (``[n_bins, C]``), positions restarting at each row, from which transformers builds a
+  block-diagonal causal mask (sdpa and flash attention; it needs ``use_cache=False`` and no attention mask). Bins,
+  rather than one ``[1, T]`` sequence, keep attention at ``C^2`` per bin where no varlen kernel exists (CPU, sdpa).
+  Both return log-probs in the ``[n, L]`` layout.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from torch import Tensor, nn
 from lit_rlft.core.logprobs import completion_logprobs
 from lit_rlft.core.types import Rollouts
 
-__all__ = ["padding_share", "sequence_logprobs", "token_budget_micro_batches"]
+__all__ = ["pack_rows", "padding_share", "sequence_logprobs", "token_budget_micro_batches"]
 
 
 def token_budget_micro_batches(rows: Tensor, prompt_lengths: Tensor, completion_lengths: Tensor, budget: int,
@@ -61,9 +63,10 @@ def padding_share(rollouts: Rollouts, micro_batches: list[Tensor], packed: bool,
     p_len, c_len = rollouts.prompt_mask.sum(1), rollouts.completion_mask.sum(1)  # [N] each
     real = total = 0
     for rows in micro_batches:
-        real += int((p_len[rows] + c_len[rows]).sum())
+        lengths = (p_len[rows] + c_len[rows]).tolist()
+        real += sum(lengths)
         if packed:
-            total += int((p_len[rows] + c_len[rows]).sum())
+            total += len(pack_rows(lengths)) * max(lengths)
         elif trimmed:
             total += len(rows) * int(p_len[rows].max() + c_len[rows].max())
         else:
@@ -104,32 +107,55 @@ def sequence_logprobs(
     return logprobs, (entropy if with_entropy else None)
 
 
+def pack_rows(lengths: list[int]) -> list[list[int]]:
+    """Rows of ``lengths`` packed first-fit decreasing into bins as long as the longest row: ``[[row, ...], ...]``."""
+    capacity = max(lengths, default=0)
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda k: -lengths[k]):
+        b = next((k for k, r in enumerate(room) if r >= lengths[i]), None)
+        if b is None:
+            bins.append([i])
+            room.append(capacity - lengths[i])
+        else:
+            bins[b].append(i)
+            room[b] -= lengths[i]
+    return bins
+
+
 def _packed_logprobs(model: nn.Module, rollouts: Rollouts, rows: Tensor, temperature: float,
                      device: torch.device | str, with_entropy: bool,
                      entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
-    """The rows' real tokens as one ``[1, T]`` sequence, positions restarting per row; logits only where they
-    predict a completion token."""
+    """The rows' real tokens packed into bins as long as the longest row (``[n_bins, C]``), positions restarting at
+    each row: the attention of each bin is block-diagonal, and no position is spent on padding but a bin's tail."""
     p_mask, c_mask = rollouts.prompt_mask[rows].bool(), rollouts.completion_mask[rows].bool()  # [n, P], [n, L]
     prompts, comps = rollouts.prompt_tokens[rows], rollouts.completion_tokens[rows]
-    pieces, positions, keep, targets = [], [], [], []
-    offset = 0
-    for i in range(len(rows)):
-        p, c = prompts[i][p_mask[i]], comps[i][c_mask[i]]  # [p_i], [l_i]
-        pieces.append(torch.cat([p, c]))
-        positions.append(torch.arange(len(p) + len(c)))
-        # logits at position t predict token t + 1: the completion's tokens are predicted from p_i - 1 on
-        keep.append(torch.arange(offset + len(p) - 1, offset + len(p) - 1 + len(c)))
-        targets.append(c)
-        offset += len(p) + len(c)
-    input_ids = torch.cat(pieces)[None].to(device)  # [1, T]
-    position_ids = torch.cat(positions)[None].to(device)  # [1, T]
-    index = torch.cat(keep).to(device)  # [sum l_i]
-    logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False,
-                   logits_to_keep=index).logits  # [1, sum l_i, V]
-    lp, ent = completion_logprobs(logits, torch.cat(targets)[None].to(device), temperature,
+    seqs = [(prompts[i][p_mask[i]], comps[i][c_mask[i]]) for i in range(len(rows))]  # ([p_i], [l_i])
+    bins = pack_rows([len(p) + len(c) for p, c in seqs])
+    capacity = max(len(p) + len(c) for p, c in seqs)
+    input_ids = torch.full((len(bins), capacity), rollouts.pad_id, dtype=torch.long)  # [n_bins, C]
+    position_ids = torch.zeros((len(bins), capacity), dtype=torch.long)  # [n_bins, C]
+    where: list[tuple[int, int, int]] = []  # (bin, first position predicting the completion, row)
+    for b, members in enumerate(bins):
+        offset = 0
+        for i in members:
+            p, c = seqs[i]
+            n = len(p) + len(c)
+            input_ids[b, offset : offset + n] = torch.cat([p, c])
+            position_ids[b, offset : offset + n] = torch.arange(n)
+            where.append((b, offset + len(p) - 1, i))  # logits at t predict token t + 1
+            offset += n
+        position_ids[b, offset:] = torch.arange(capacity - offset)  # the tail: a segment of its own, unused
+    logits = model(input_ids=input_ids.to(device), position_ids=position_ids.to(device), use_cache=False,
+                   logits_to_keep=0).logits  # [n_bins, C, V]
+    where.sort(key=lambda w: w[2])  # back to row order
+    pos_b = torch.cat([torch.full((len(seqs[i][1]),), b) for b, _, i in where]).to(device)  # [sum l_i]
+    pos_t = torch.cat([torch.arange(start, start + len(seqs[i][1])) for _, start, i in where]).to(device)
+    targets = torch.cat([seqs[i][1] for _, _, i in where])[None].to(device)  # [1, sum l_i]
+    lp, ent = completion_logprobs(logits[pos_b, pos_t][None], targets, temperature,
                                   entropy_grad=entropy_grad)  # [1, sum l_i] each
     shape = (len(rows), comps.shape[1])
-    where = c_mask.to(device)  # [n, L]; completions are a prefix of each row
-    logprobs = torch.zeros(shape, dtype=lp.dtype, device=device).masked_scatter(where, lp[0])
-    entropy = torch.zeros(shape, dtype=ent.dtype, device=device).masked_scatter(where, ent[0])
+    mask = c_mask.to(device)  # [n, L]; completions are a prefix of each row
+    logprobs = torch.zeros(shape, dtype=lp.dtype, device=device).masked_scatter(mask, lp[0])
+    entropy = torch.zeros(shape, dtype=ent.dtype, device=device).masked_scatter(mask, ent[0])
     return logprobs, (entropy if with_entropy else None)

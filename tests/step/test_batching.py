@@ -115,8 +115,15 @@ def test_the_token_budget_partition_covers_every_row_once_within_the_budget():
         for m in micro:
             size = int((p_len[m] + c_len[m]).sum()) if packed else len(m) * int(p_len[m].max() + c_len[m].max())
             assert size <= 50 or len(m) == 1
-    assert padding_share(roll, [torch.arange(18)], packed=True, trimmed=False) == 0.0
-    assert 0 < padding_share(roll, [torch.arange(18)], packed=False, trimmed=False) < 1
+    packed_share = padding_share(roll, [torch.arange(18)], packed=True, trimmed=False)
+    assert 0 <= packed_share < padding_share(roll, [torch.arange(18)], packed=False, trimmed=False) < 1
+
+
+def test_rows_pack_first_fit_decreasing_into_bins_of_the_longest_row():
+    from lit_rlft.step.batching import pack_rows
+
+    #  lengths 9 5 4 4 3 2 -> bins of 9: [9], [5 4], [4 3 2]
+    assert pack_rows([4, 9, 3, 5, 2, 4]) == [[1], [3, 0], [5, 2, 4]]
 
 
 @pytest.mark.parametrize("lora", [None, LoRAConfig(r=4, alpha=8)], ids=["full", "lora"])

@@ -1,0 +1,250 @@
+"""Memory and throughput: gradient checkpointing, packed passes, replay, and lit_rlft against TRL at equal settings.
+
+    .venv/bin/python benchmarks/memory_throughput.py                      # CPU, every part (about 20-30 minutes)
+    .venv/bin/python benchmarks/memory_throughput.py --parts update,packing --repeats 3
+    python benchmarks/memory_throughput.py --accelerator gpu --bf16 --hidden 896 --layers 24   # one GPU
+
+Parts (``--parts``), each printed as a table and written to ``--out`` (JSON):
+
+- ``update``: the peak memory of one policy update (no generation) at a long-completion setting, with and without
+  gradient checkpointing, each in a fresh process: on CPU the rise of the process's peak RSS over its RSS just
+  before the update; on a GPU ``torch.cuda.max_memory_allocated`` during it.
+- ``packing``: the time of one update on a batch of very uneven lengths, padded against packed
+  (``padding_free``), alternating in one process; the padding share the packed pass avoids.
+- ``trl``: whole GRPO steps, lit_rlft against TRL's ``GRPOTrainer`` (``benchmarks/step_time_vs_trl.py``, the same
+  weights, prompts and settings on both sides), gradient checkpointing off on both and on on both; each side in a
+  fresh process, so its peak memory is its own (CPU: peak RSS, including Python and the libraries; GPU: max
+  allocated). Step time, generation share.
+- ``replay``: lit_rlft's step time, uniform against ``ReplayCallback(delta=0.5)`` (half the groups generated).
+
+Medians over ``--repeats``; the two sides of every comparison alternate, so a shared, noisy machine hits both alike.
+The load average is recorded with the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--parts", default="update,packing,trl,replay")
+    p.add_argument("--accelerator", default="cpu", choices=["cpu", "gpu"])
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--hidden", type=int, default=256, help="the random Qwen2's hidden size")
+    p.add_argument("--layers", type=int, default=8, help="its decoder layers")
+    p.add_argument("--rows", type=int, default=8, help="update: sequences in the update")
+    p.add_argument("--completion", type=int, default=1024, help="update: completion tokens per sequence")
+    p.add_argument("--prompts", type=int, default=8, help="trl / replay: prompts per step")
+    p.add_argument("--generations", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--steps", type=int, default=5, help="trl / replay: steps per run (the first is discarded)")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--out", default=None, help="JSON (default benchmarks/results/memory_throughput_<acc>.json)")
+    return p.parse_args(argv)
+
+
+def _median(xs: list[float]) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def _device(args: argparse.Namespace) -> str:
+    return "cuda" if args.accelerator == "gpu" else "cpu"
+
+
+def _policy(args: argparse.Namespace, gradient_checkpointing: bool = False) -> Any:
+    import torch
+
+    from lit_rlft.models.loading import build_policy
+    from lit_rlft.models.tiny import TinyConfig
+
+    heads = max(1, args.hidden // 64)
+    torch.manual_seed(0)
+    cfg = TinyConfig(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=heads,
+                     num_key_value_heads=heads, intermediate_size=4 * args.hidden, head_dim=64)
+    return build_policy("tiny", tiny=cfg, gradient_checkpointing=gradient_checkpointing)[0].to(_device(args)).train()
+
+
+def _batch(rows: int, prompt: int, completion: int, uneven: bool, seed: int = 0) -> Any:
+    """Synthetic rollouts: ``rows`` sequences; ``uneven``: prompts of 8..prompt and completions of 8..completion."""
+    import torch
+
+    from lit_rlft.core.types import Rollouts
+
+    g = torch.Generator().manual_seed(seed)
+    G = 2
+    B = rows // G
+    p_len = (torch.randint(8, prompt + 1, (B,), generator=g) if uneven else torch.full((B,), prompt)).repeat_interleave(G)
+    c_len = torch.randint(8, completion + 1, (rows,), generator=g) if uneven else torch.full((rows,), completion)
+    p_mask = (torch.arange(prompt)[None] >= (prompt - p_len)[:, None]).long()
+    c_mask = (torch.arange(completion)[None] < c_len[:, None]).long()
+    rewards = torch.tensor([[0.0, 1.0]] * B)
+    return Rollouts(
+        prompt_ids=torch.arange(B), prompt_tokens=torch.randint(3, 90, (rows, prompt), generator=g) * p_mask,
+        prompt_mask=p_mask, completion_tokens=torch.randint(3, 90, (rows, completion), generator=g) * c_mask,
+        completion_mask=c_mask, rewards=rewards, correct=rewards >= 1, birth_step=torch.zeros(B, dtype=torch.long),
+        is_replay=torch.zeros(B, dtype=torch.bool), truncated=c_len == completion,
+    )
+
+
+def _update(args: argparse.Namespace, policy: Any, rollouts: Any, padding_free: bool = False) -> float:
+    """Seconds of one update (one optimizer step over the whole batch)."""
+    import torch
+
+    from lit_rlft.core.losses import GRPOLoss
+    from lit_rlft.step.update import PolicyUpdater, TorchBackend
+
+    backend = TorchBackend(policy, torch.optim.SGD(policy.parameters(), lr=1e-4), device=_device(args))
+    updater = PolicyUpdater(GRPOLoss(), temperature=1.0, padding_free=padding_free)
+    advantages = torch.tensor([-1.0, 1.0]).repeat(rollouts.num_groups)
+    t0 = time.perf_counter()
+    with torch.autocast(_device(args), dtype=torch.bfloat16, enabled=args.bf16):
+        updater.update(rollouts, advantages, backend)
+    if args.accelerator == "gpu":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+def child_update(args: argparse.Namespace, checkpointing: bool) -> dict[str, float]:
+    """One update in this (fresh) process: its peak memory and seconds."""
+    import resource
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    policy = _policy(args, gradient_checkpointing=checkpointing)
+    rollouts = _batch(args.rows, 64, args.completion, uneven=False)
+    if args.accelerator == "gpu":
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated() / 2**20
+    else:
+        base = _rss_mib()
+    seconds = _update(args, policy, rollouts)
+    peak = (torch.cuda.max_memory_allocated() / 2**20 if args.accelerator == "gpu"
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    return {"peak_rise_mib": peak - base, "seconds": seconds}
+
+
+def _child(args: argparse.Namespace, flag: str) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--child", flag, *[a for a in sys.argv[1:] if not a.startswith("--child")]]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def part_update(args: argparse.Namespace) -> dict[str, Any]:
+    runs: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
+    for r in range(args.repeats):
+        for flag in (("off", "on") if r % 2 == 0 else ("on", "off")):
+            runs[flag].append(_child(args, f"update-{flag}"))
+    out = {k: {"peak_rise_mib": _median([x["peak_rise_mib"] for x in v]), "seconds": _median([x["seconds"] for x in v])}
+           for k, v in runs.items()}
+    out["memory_ratio_on_over_off"] = out["on"]["peak_rise_mib"] / out["off"]["peak_rise_mib"]
+    out["time_ratio_on_over_off"] = out["on"]["seconds"] / out["off"]["seconds"]
+    out["setting"] = (f"{args.rows} sequences x (64 prompt + {args.completion} completion) tokens, random Qwen2 hidden "
+                      f"{args.hidden}, {args.layers} layers, one update over the whole batch, dapo loss, fp32"
+                      + (" + bf16 autocast" if args.bf16 else ""))
+    out["raw"] = runs
+    return out
+
+
+def part_packing(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from lit_rlft.step.batching import padding_share
+
+    torch.set_num_threads(args.threads)
+    policy = _policy(args)
+    rollouts = _batch(16, 256, 512, uneven=True, seed=1)
+    share = padding_share(rollouts, [torch.arange(16)], packed=False, trimmed=False)
+    _update(args, policy, rollouts)  # warm-up
+    times: dict[str, list[float]] = {"padded": [], "packed": []}
+    for r in range(max(args.repeats, 3)):
+        for side in (("padded", "packed") if r % 2 == 0 else ("packed", "padded")):
+            times[side].append(_update(args, policy, rollouts, padding_free=side == "packed"))
+    med = {k: _median(v) for k, v in times.items()}
+    return {"padded_s": med["padded"], "packed_s": med["packed"], "ratio_packed_over_padded": med["packed"] / med["padded"],
+            "padding_share": share, "raw": times,
+            "setting": (f"16 sequences, prompts of 8..256 and completions of 8..512 tokens (uniform), one update, "
+                        f"random Qwen2 hidden {args.hidden}, {args.layers} layers, fp32")}
+
+
+def _step_time(args: argparse.Namespace, side: str, extra: list[str]) -> dict[str, Any]:
+    out = Path("/tmp") / f"mt_{os.getpid()}_{side}.json"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "step_time_vs_trl.py"), "--order", side, "--rounds", "1",
+           "--steps", str(args.steps), "--warmup", "1", "--threads", str(args.threads), "--prompts", str(args.prompts),
+           "--generations", str(args.generations), "--max-new-tokens", str(args.max_new_tokens), "--hidden",
+           str(args.hidden), "--layers", str(args.layers), "--accelerator", args.accelerator, "--out", str(out),
+           *(["--bf16"] if args.bf16 else []), *extra]
+    subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO)
+    return json.loads(out.read_text())["overall"]
+
+
+def part_trl(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for ckpt in ("off", "on"):
+        extra = ["--gradient-checkpointing"] if ckpt == "on" else []
+        runs: dict[str, list[dict[str, Any]]] = {"lit": [], "trl": []}
+        for r in range(args.repeats):
+            for side in (("lit", "trl") if r % 2 == 0 else ("trl", "lit")):
+                runs[side].append(_step_time(args, side, extra))
+        summary = {side: {k: _median([x[k] for x in v]) for k in ("median_step_s", "median_generation_share",
+                                                                    "peak_memory_mib")} for side, v in runs.items()}
+        summary["step_ratio_lit_over_trl"] = summary["lit"]["median_step_s"] / summary["trl"]["median_step_s"]
+        summary["memory_ratio_lit_over_trl"] = summary["lit"]["peak_memory_mib"] / summary["trl"]["peak_memory_mib"]
+        out[f"checkpointing_{ckpt}"] = summary
+    return out
+
+
+def part_replay(args: argparse.Namespace) -> dict[str, Any]:
+    runs: dict[str, list[dict[str, Any]]] = {"uniform": [], "replay": []}
+    for r in range(args.repeats):
+        for side in (("uniform", "replay") if r % 2 == 0 else ("replay", "uniform")):
+            runs[side].append(_step_time(args, "lit", ["--replay-delta", "0.5"] if side == "replay" else []))
+    out = {side: {k: _median([x[k] for x in v]) for k in ("median_step_s", "median_generation_s")}
+           for side, v in runs.items()}
+    out["step_ratio_replay_over_uniform"] = out["replay"]["median_step_s"] / out["uniform"]["median_step_s"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        print(json.dumps(child_update(args, checkpointing=args.child == "update-on")))
+        return 0
+    parts = {"update": part_update, "packing": part_packing, "trl": part_trl, "replay": part_replay}
+    results: dict[str, Any] = {"command": "python benchmarks/memory_throughput.py " + " ".join(sys.argv[1:]),
+                               "accelerator": args.accelerator, "threads": args.threads}
+    for name in args.parts.split(","):
+        t0 = time.perf_counter()
+        results[name] = parts[name](args)
+        results[name]["wall_s"] = time.perf_counter() - t0
+        results[name]["load_avg_after"] = os.getloadavg()
+        print(name, json.dumps({k: v for k, v in results[name].items() if k != "raw"}, indent=1), flush=True)
+    out = Path(args.out or REPO / "benchmarks" / "results" / f"memory_throughput_{args.accelerator}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
