@@ -133,6 +133,17 @@ def make_callbacks(names: list[str], out: Path) -> list[L.Callback]:
     return [made[n]() for n in names if n]
 
 
+def _option(text: str) -> tuple[str, object]:
+    """``key=value`` -> (key, bool / float / str value)."""
+    key, value = text.split("=", 1)
+    if value in ("true", "false"):
+        return key, value == "true"
+    try:
+        return key, float(value)
+    except ValueError:
+        return key, value
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -149,6 +160,7 @@ def main() -> None:
     p.add_argument("--resume", default=None)
     p.add_argument("--dump", action="store_true")
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--loss", default="", help="GRPOLoss options, key=value,key=value")
     p.add_argument("--val", type=int, default=0, help="held-out prompts, evaluated every 2 steps (0: none)")
     p.add_argument("--engine", choices=["hf", "vllm", "raise-on-rank-1"], default="hf")
     a = p.parse_args()
@@ -156,7 +168,7 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    from lit_rlft import GenerationConfig, GRPOModule, LoRAConfig, OptimConfig, PromptDataModule, TinyConfig
+    from lit_rlft import GenerationConfig, GRPOLoss, GRPOModule, LoRAConfig, OptimConfig, PromptDataModule, TinyConfig
     from lit_rlft.data import CountdownTask
 
     L.seed_everything(0, verbose=False)
@@ -170,6 +182,7 @@ def main() -> None:
     module = GRPOModule(
         engine=engine, model="tiny", tiny=TinyConfig(**TINY_SMALL), reward_funcs=[a.reward],
         generation=GenerationConfig(num_generations=4, max_completion_length=8),
+        loss=GRPOLoss(**dict(_option(kv) for kv in a.loss.split(",") if kv)),
         optim=OptimConfig(learning_rate=1e-3, micro_batch_size=a.micro_batch_size,
                           gradient_checkpointing=a.gradient_checkpointing),
         lora=LoRAConfig(r=4, alpha=8) if a.lora else None,

@@ -59,6 +59,9 @@ RUNS = {
     "fabric_dps_replay": ["--launcher", "fabric", "--callbacks", "dps,replay", "--steps", "4", "--micro-batch-size",
                           "3"],
     "fabric_dots": ["--launcher", "fabric", "--callbacks", "dots", "--steps", "4", "--val", "7"],
+    "trainer_global_loss": ["--steps", "2", "--micro-batch-size", "3", "--dump", "--loss",
+                            "top_entropy_quantile=0.3,entropy_coef=0.01,use_adaptive_entropy=true,"
+                            "importance_sampling_level=sequence"],
     "fsdp2_lora": ["--strategy", "fsdp2", "--lora", "--callbacks", "dps,replay", "--steps", "4", "--ckpt-every", "2",
                    "--dump"],
     "fabric_fsdp2_lora": ["--launcher", "fabric", "--strategy", "fsdp2", "--lora", "--callbacks", "dps,replay",
@@ -133,22 +136,38 @@ def test_two_ranks_compute_the_one_rank_gradient(runs):
     all-reduce and clipping). Parameters after the AdamW step agree to 1e-6 relative wherever the gradient is above
     1e-5: AdamW's first step moves a weight by lr * g / (|g| + eps), which multiplies a gradient's rounding by
     lr * eps / (|g| + eps)^2 (6 for |g| = 1e-6: a few dozen of the 89k weights here)."""
-    from lit_rlft import GenerationConfig, GRPOModule, OptimConfig, Rollouts, TinyConfig
+    _, out = runs("trainer_dps_replay")
+    _assert_one_rank_gradient(out)
+
+
+def test_two_ranks_compute_the_one_rank_gradient_with_batch_wide_loss_terms(runs):
+    """The same with the loss terms computed over the whole batch (TRL's names): only the top 30% of the tokens by
+    entropy trained (a global quantile; this batch's per-rank quantiles would keep other tokens: a local threshold
+    fails this test), an adaptive entropy bonus (its token count and coefficient global), GSPO's sequence-level
+    ratio. (Not ``mask_truncated_completions``: the untrained policy never stops before the length limit, so it
+    would mask every token.)"""
+    _, out = runs("trainer_global_loss")
+    _assert_one_rank_gradient(out, loss=dict(top_entropy_quantile=0.3, entropy_coef=0.01, use_adaptive_entropy=True,
+                                             importance_sampling_level="sequence"))
+
+
+def _assert_one_rank_gradient(out: Path, loss: dict | None = None) -> None:
+    from lit_rlft import GenerationConfig, GRPOLoss, GRPOModule, OptimConfig, Rollouts, TinyConfig
     from lit_rlft.core.advantages import group_advantages
     from lit_rlft.step.optim import adamw_with_warmup
     from lit_rlft.step.update import TorchBackend
     from tests.distributed.run_ranks import TINY_SMALL
 
-    _, out = runs("trainer_dps_replay")
     d0, d1 = (torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1))
     tokens = [int(d["rollouts"].completion_mask.sum()) for d in (d0, d1)]
     assert tokens[0] != tokens[1], "equal token counts: the test could not tell a local from a global token mean"
     module = GRPOModule(model="tiny", tiny=TinyConfig(**TINY_SMALL), reward_funcs=["lit_rlft.rewards.countdown"],
                         generation=GenerationConfig(num_generations=4, max_completion_length=8),
-                        optim=OptimConfig(learning_rate=1e-3, micro_batch_size=3))
+                        loss=GRPOLoss(**(loss or {})), optim=OptimConfig(learning_rate=1e-3, micro_batch_size=3))
     module.configure_model()
     module.policy.load_state_dict(d0["before"], strict=False)  # the tied LM head is not a parameter of its own
     batch = Rollouts.concat([d0["rollouts"], d1["rollouts"]])
+    batch.old_logprobs = None  # filled by the update, as on the ranks
     opt = adamw_with_warmup(module.policy.parameters(), 1e-3, (0.9, 0.99), 0.0, 0, "constant", None)
     grads: dict[str, torch.Tensor] = {}
 
@@ -159,6 +178,7 @@ def test_two_ranks_compute_the_one_rank_gradient(runs):
 
     backend = Capture(module.policy, opt["optimizer"], opt["lr_scheduler"]["scheduler"])
     module.grpo.updater.update(batch, group_advantages(batch.rewards, "group").reshape(-1), backend)
+    assert sum(float(g.norm()) for g in grads.values()) > 0, "no gradient: the test would compare zeros"
     for name, g in grads.items():
         assert torch.equal(d0["grads"][name], d1["grads"][name]), f"{name}: ranks hold different gradients"
         rel = float((g - d0["grads"][name]).norm() / g.norm().clamp(min=1e-30))
