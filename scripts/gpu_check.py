@@ -1,18 +1,26 @@
-"""A five-minute check of lit_rlft on a machine with one NVIDIA GPU (no network needed).
+"""A check of lit_rlft on a machine with one NVIDIA GPU in under 8 minutes (no network needed).
 
-    python scripts/gpu_check.py                       # GPU: FSDP2 (NCCL) + LoRA + bf16-mixed + DPS + replay
-    python scripts/gpu_check.py --accelerator cpu     # the same path on the CPU (gloo), as a smoke test
+    python scripts/gpu_check.py                       # GPU: every check below
+    python scripts/gpu_check.py --accelerator cpu     # checks 1-3 on the CPU (gloo), as a smoke test
 
 It trains a locally built, untrained Qwen2 (hidden 512, 8 layers, ~30M parameters, character tokenizer) on Countdown
 prompts for a few GRPO steps, rewarded for starting its answer with a digit (an untrained policy does that about one
 time in ten, which gives groups reward variance), and checks, printing one line per check:
 
-1. the run trains under ``ModelParallelStrategy`` (FSDP2) with LoRA, ``precision: bf16-mixed`` and float32 master
-   weights, DPS choosing the fresh half of each batch and replay the rest: finite losses, every LoRA matrix moved,
-   no base weight moved;
+1. the run trains under ``ModelParallelStrategy`` (FSDP2) with LoRA, ``precision: bf16-mixed``, float32 master
+   weights, gradient checkpointing and packed training passes, DPS choosing the fresh half of each batch and replay
+   the rest: finite losses, every LoRA matrix moved, no base weight moved;
 2. step time, generation share and peak GPU memory (from the run's own metrics);
 3. why the recipe keeps float32 master weights: one AdamW step at lr 1e-6 on the same weights in float32 and in
-   bfloat16, and the fraction of weights each step changed.
+   bfloat16, and the fraction of weights each step changed;
+4. (GPU, with ``trl`` importable) ``benchmarks/memory_throughput.py --parts trl,replay`` on a 0.5B-bodied random
+   Qwen2 (hidden 896, 24 layers), 16 prompts x 8 completions of 128 tokens, bf16: lit_rlft against TRL's
+   ``GRPOTrainer`` with checkpointing on both sides and off on both (each side in its own process: peak memory,
+   step time, generation share), and uniform against replay ``delta=0.5``. Goals: lit_rlft's peak memory at most
+   TRL's, its step time at most 0.9x TRL's;
+5. (GPU, with ``../shared/data/math``) two rollout steps of ``configs/math_qwen2.5-math-1.5b.yaml`` with DPS +
+   replay through the command line, on a 1.3B-shaped random policy (hidden 1536, 28 layers) at a quarter of the
+   recipe's batch and 256 new tokens.
 
 Exit status 0 when every check passes.
 """
@@ -39,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=32, help="prompts per step (B)")
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--skip-compare", action="store_true", help="GPU: skip checks 4 and 5")
     p.add_argument("--out", default="runs/gpu_check")
     a = p.parse_args(argv)
 
@@ -49,8 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     from lit_rlft import (
         CountdownTask,
         DPSCallback,
+        GenerationConfig,
+        GRPOLoss,
         GRPOModule,
         LoRAConfig,
+        OptimConfig,
         PromptDataModule,
         ReplayCallback,
         TinyConfig,
@@ -67,10 +79,11 @@ def main(argv: list[str] | None = None) -> int:
 
     # 1-2. a few steps of the GPU recipe on a small model
     L.seed_everything(0, verbose=False)
-    module = GRPOModule(model="tiny", tiny=tiny, lora=LoRAConfig(r=16, alpha=32),
-                        reward_funcs=[starts_with_a_digit], num_generations=8,
-                        max_completion_length=32, temperature=1.0, loss_type="dr_grpo", scale_rewards="none",
-                        learning_rate=1e-4, num_mini_batches=2, micro_batch_size=64)
+    module = GRPOModule(model="tiny", tiny=tiny, lora=LoRAConfig(r=16, alpha=32), reward_funcs=[starts_with_a_digit],
+                        generation=GenerationConfig(num_generations=8, max_completion_length=32, temperature=1.0),
+                        loss=GRPOLoss(loss_type="dr_grpo"), scale_rewards="none",
+                        optim=OptimConfig(learning_rate=1e-4, num_mini_batches=2, micro_batch_size=64,
+                                          gradient_checkpointing=True, padding_free=True))
     data = PromptDataModule(train=CountdownTask(size=5000, num_numbers=[2, 3, 4]), answer_field=None,
                             batch_size=a.batch_size)
     strategy = ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=1,
@@ -100,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     moved = {n for n in after if not torch.equal(after[n], before[n])}
     lora = {n for n in after if "lora_" in n}
     losses = [loss for _, _, loss in times]
-    checks.append(("FSDP2 + LoRA + DPS + replay trains", bool(times) and all(map(_finite, losses)),
+    checks.append(("FSDP2 + LoRA + checkpointing + packing + DPS + replay trains", bool(times) and all(map(_finite, losses)),
                    f"{len(times)} steps in {wall:.1f} s, losses {', '.join(f'{x:.4f}' for x in losses)}"))
     checks.append(("only and all LoRA weights moved", moved == lora,
                    f"{len(moved)} of {len(after)} tensors moved, {len(lora)} LoRA tensors"))
@@ -129,9 +142,63 @@ def main(argv: list[str] | None = None) -> int:
                    fractions["float32"] > 0.9 and fractions["bfloat16"] < fractions["float32"],
                    ", ".join(f"{k}: {v:.1%} of weights changed" for k, v in fractions.items())))
 
+    if gpu and not a.skip_compare:
+        checks += compare_with_trl(a.out)
+        checks += math_recipe_steps(a.out)
+
     for name, ok, detail in checks:
         print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}")
     return 0 if all(ok for _, ok, _ in checks) else 1
+
+
+def compare_with_trl(out: str) -> list[tuple[str, bool, str]]:
+    """Check 4: ``benchmarks/memory_throughput.py --parts trl,replay`` on the GPU (skipped without trl)."""
+    import importlib.util
+    import json
+    import subprocess
+
+    if importlib.util.find_spec("trl") is None:
+        return [("memory and step time against TRL", True, "skipped: trl is not installed")]
+    result = Path(out) / "memory_throughput_gpu.json"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "memory_throughput.py"), "--accelerator", "gpu", "--bf16",
+           "--parts", "trl,replay", "--repeats", "1", "--hidden", "896", "--layers", "24", "--prompts", "16",
+           "--generations", "8", "--max-new-tokens", "128", "--steps", "3", "--out", str(result)]
+    subprocess.run(cmd, check=True, cwd=REPO)
+    r = json.loads(result.read_text())
+    checks = []
+    for ckpt in ("on", "off"):
+        t = r["trl"][f"checkpointing_{ckpt}"]
+        detail = (f"lit_rlft {t['lit']['median_step_s']:.2f} s, {t['lit']['peak_memory_mib'] / 1024:.2f} GiB, "
+                  f"generation {t['lit']['median_generation_share']:.2f}; TRL {t['trl']['median_step_s']:.2f} s, "
+                  f"{t['trl']['peak_memory_mib'] / 1024:.2f} GiB, generation {t['trl']['median_generation_share']:.2f}"
+                  f"; step ratio {t['step_ratio_lit_over_trl']:.2f}, memory ratio {t['memory_ratio_lit_over_trl']:.2f}")
+        checks.append((f"vs TRL, checkpointing {ckpt} on both: memory <= TRL's, step <= 0.9x",
+                       t["memory_ratio_lit_over_trl"] <= 1.0 and t["step_ratio_lit_over_trl"] <= 0.9, detail))
+    rp = r["replay"]
+    checks.append(("uniform vs replay delta=0.5", True,
+                   f"uniform {rp['uniform']['median_step_s']:.2f} s, replay {rp['replay']['median_step_s']:.2f} s "
+                   f"(ratio {rp['step_ratio_replay_over_uniform']:.2f})"))
+    return checks
+
+
+def math_recipe_steps(out: str) -> list[tuple[str, bool, str]]:
+    """Check 5: two rollout steps of the MATH recipe through the CLI on a 1.3B-shaped random policy."""
+    import subprocess
+
+    data = REPO.parent / "shared" / "data" / "math"
+    if not data.exists():
+        return [("MATH recipe, 1.3B-shaped policy", True, f"skipped: no MATH data at {data}")]
+    tiny = ("{hidden_size: 1536, num_hidden_layers: 28, num_attention_heads: 12, num_key_value_heads: 2, "
+            "intermediate_size: 8960, head_dim: 128}")
+    cmd = [sys.executable, "-m", "lit_rlft.cli", "fit", "--config", "configs/math_qwen2.5-math-1.5b.yaml",
+           "--config", "configs/strategies/paper_dps_replay.yaml", "--model.model", "tiny", "--model.tiny", tiny,
+           "--data.batch_size", "16", "--model.generation.max_completion_length", "256", "--trainer.max_steps", "8",
+           "--trainer.val_check_interval", "1000", "--trainer.default_root_dir", f"{out}/math",
+           "--trainer.logger", "false", "--trainer.enable_checkpointing", "false"]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    detail = f"{time.perf_counter() - t0:.0f} s; " + (done.stdout + done.stderr).strip().splitlines()[-1][:200]
+    return [("MATH recipe, 1.3B-shaped policy, 2 rollout steps", done.returncode == 0, detail)]
 
 
 def starts_with_a_digit(completions: list[str], **columns) -> list[float]:

@@ -81,11 +81,6 @@ class RolloutEngine:
         Called after the last optimizer step of every rollout step (and when training or validation starts), on
         every rank: under FSDP the full weights are gathered, which is a collective."""
 
-    @property
-    def returns_logprobs(self) -> bool:
-        """Whether :meth:`generate` fills ``GenerationOutput.logprobs`` (the behaviour policy's log-probs, mu)."""
-        return False
-
 
 def stop_token_ids(model: nn.Module | None, tokenizer: Any) -> list[int]:
     """Every id that ends a completion: the tokenizer's EOS and the model's generation config's ``eos_token_id``

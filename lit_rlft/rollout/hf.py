@@ -78,10 +78,6 @@ class HFEngine(RolloutEngine):
         self.eos_token_ids = stop_token_ids(hf_model(model), tokenizer)
         self.synced = sharded
 
-    @property
-    def returns_logprobs(self) -> bool:
-        return self.return_logprobs
-
     def sync_weights(self, model: nn.Module) -> None:
         self.model = model
 

