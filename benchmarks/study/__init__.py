@@ -1,18 +1,20 @@
 """``python -m benchmarks.study``: every data-selection strategy on the same Countdown pool, warm start, seeds and rollout budget.
 
-    python -m benchmarks.study --out runs/bench                      # the full study (about 1.5 hours)
+    python -m benchmarks.study --out runs/bench                      # the full study (about 2.5 hours)
     python -m benchmarks.study --quick --warm-start runs/sft/model   # every strategy once, under 15 minutes
     python -m benchmarks.study --strategies uniform,dps --seeds 0,1,2 --pool-sizes 4000 --budget-completions 38400
 
 (From the repository root.) Re-running the same command resumes: a run whose JSON says
-``ok`` and was made with the same run settings (``StudyConfig.run_fingerprint``) is reused, anything else is run
-again; ``study.json``, ``results.md`` and the plots are always rebuilt from all run files.
+``ok``, was made with the same shared settings (``StudyConfig.run_fingerprint``) and recorded the callback settings
+its strategy gets now is reused, anything else is run again; ``study.json``, ``results.md`` and the plots are
+always rebuilt from all run files.
 
 Modules, one concept each: :mod:`~benchmarks.study.config` (``StudyConfig``, ``RunSpec``), ``tasks`` (pool, held-out
 set, fixed training subset), ``strategies`` (callbacks per strategy), ``rollouts`` / ``evaluation`` (measurement
 rollouts, ``EvalCallback``), ``degeneracy``, ``warm_start``, ``run_one`` (one run, also ``python -m``), ``runner``
-(subprocesses, resume, tqdm), ``stats`` / ``derived`` (targets, censored crossings, intervals), ``report``
-(results.md), ``plots``, ``study`` (end to end), ``cli``.
+(subprocesses, resume, tqdm), ``stats`` / ``derived`` (targets, censored crossings, intervals, the DPS paper's
+completions-to-a-baseline's-final-accuracy), ``report`` (results.md), ``plots``, ``study`` (end to end), ``cli``,
+``docs`` (the generated parts of ``docs/results.md``).
 
 Design of the full study (``StudyConfig()`` defaults)
 ----------------------------------------------------
@@ -22,20 +24,22 @@ Design of the full study (``StudyConfig()`` defaults)
   256-prompt subset of the pool, 4 samples each at T=1. Degeneracy of each pool under the warm start (1,024
   prompts x G=8): 58-64% of groups all-correct or all-wrong in the checks so far (pools 1000 and 4000), which meets
   the issue's "at least half" without 5-number problems (``--five-numbers`` adds them).
-- Runs: main comparison at pool 4,000 with seeds 0, 1, 2 (8 strategies x 3 = 24 runs); pool-size sweep at 1,000
-  and 16,000 with seed 0 (16 runs); 40 runs, two side by side (one thread each).
+- Runs: main comparison at pool 4,000 with seeds 0, 1, 2 (11 strategies x 3 = 33 runs); the multi-epoch setting at
+  pool 1,000 with the 7 strategies of ``SWEEP_STRATEGIES`` and the same seeds (21 runs); 54 runs, two side by side
+  (one thread each).
 - Budget: 38,400 completions per run, every purpose counted (= 150 uniform steps of B=32 x G=8). DOTS and the
   cold start spend 64 of every 320 completions on reference sets (32 prompts x G=8 every 4 steps), so 120 steps;
   dynamic sampling spends its discarded rounds (about 2/3 of its completions) so about 50 steps; replay generates
   16 fresh groups per step, so 200-300 steps. ``max_steps`` is 10x the uniform steps, a backstop only. Evaluation
-  at the start and every 7,680 completions (6 points).
-- GRPO as ``configs/countdown_tiny.yaml``: B=32, G=8, T=1, 16 new tokens, lr 1e-4 (20 warm-up steps), dapo loss,
-  group scaling. DPS decay 0.5; DOTS alpha 0.5, tau 1e-3; replay delta 0.5, capacity 256; dynamic sampling up to
-  10 rounds.
+  at the start and every 6,400 completions (``StudyConfig.eval_marks``).
+- GRPO as ``configs/countdown_tiny.yaml`` (the ``StudyConfig`` GRPO fields). Strategy settings: the ``StudyConfig``
+  fields of ``STRATEGY_FIELDS`` and what :func:`~benchmarks.study.strategies.strategy_specs` passes; every run
+  records its callbacks' full arguments, and ``results.md`` / ``docs/results.md`` print them from that record
+  (``python -m benchmarks.study.docs`` regenerates the page's generated blocks).
 
-Time: see ``docs/results.md`` for the measured wall time of the full study (the default budget was chosen so the
-40 runs fit well within 3 hours with two jobs on the 2-core machine; 51,200 completions per run was estimated at
-2-2.6 hours). ``--quick`` takes about 8 minutes (8 runs, pool 1,000, 12,288 completions, 300 held-out prompts).
+Time: see ``docs/results.md`` for the measured wall time of the full study (about 2 h 20 min for the 54 runs with
+two jobs on the 2-core machine). ``--quick`` takes about 14 minutes from a fresh clone (11 runs, pool 1,000, 12,288
+completions, 300 held-out prompts, the warm start included).
 """
 
 from benchmarks.study.config import STRATEGIES, RunSpec, StudyConfig

@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from benchmarks.study.config import STRATEGIES, StudyConfig
+from benchmarks.study.config import StudyConfig
 
 
 def _ints(text: str) -> list[int]:
@@ -29,38 +29,65 @@ def _setting(text: str) -> tuple[str, object]:
     return key.strip(), parsed
 
 
+#: Output folders when ``--out`` is not given.
+DEFAULT_OUT, QUICK_OUT = Path("runs/bench"), Path("runs/bench_quick")
+
+
+def _fmt_default(value: object) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def default_text(field: str) -> str | None:
+    """``default X`` (and ``--quick: Y`` where the quick study differs) for ``StudyConfig`` field ``field``, read
+    from ``StudyConfig()`` and ``StudyConfig.quick()``; None when the default is None or False (said in words)."""
+    full, quick = getattr(StudyConfig(), field), getattr(StudyConfig.quick(), field)
+    if full is None or full is False:
+        return None
+    text = f"default {_fmt_default(full)}"
+    return text + (f"; --quick: {_fmt_default(quick)}" if quick != full else "")
+
+
 def parser() -> argparse.ArgumentParser:
+    """The study's argument parser. Options whose ``dest`` is a ``StudyConfig`` field override it, and their help
+    ends with the field's default, read from the config (never typed here)."""
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.study",
         description="Train every data-selection strategy on the same Countdown pool, warm start, seeds and rollout "
                     "budget; write <out>/runs/*.json, study.json, results.md and plots. Re-running resumes.",
     )
-    p.add_argument("--out", type=Path, default=None, help="output folder (default runs/bench, runs/bench_quick)")
+    p.add_argument("--out", type=Path, default=None, help=f"output folder (default {DEFAULT_OUT}; --quick: {QUICK_OUT})")
     p.add_argument("--quick", action="store_true", help="the < 15 minute variant (StudyConfig.quick())")
     p.add_argument("--strategies", type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
-                   help=f"comma list from {','.join(STRATEGIES)}")
+                   help="comma list of strategies")
     p.add_argument("--seeds", type=_ints, help="comma list, e.g. 0,1,2")
     p.add_argument("--pool-sizes", type=_ints, help="comma list; the first is the main comparison, e.g. 4000,1000,16000")
-    p.add_argument("--sweep-seeds", type=int, help="seeds run at the pool sizes after the first (default 1)")
+    p.add_argument("--sweep-seeds", type=int, help="seeds run at the pool sizes after the first")
     p.add_argument("--budget-completions", type=int, help="completions per run, all purposes")
     p.add_argument("--num-evals", type=int, help="evaluations after the start, at equally spaced completion marks")
     p.add_argument("--eval-size", type=int, help="held-out prompts")
     p.add_argument("--jobs", type=int, help="runs side by side (subprocesses, 1 thread each; 0 = in-process)")
-    p.add_argument("--warm-start", help="HF checkpoint directory, or 'tiny' (fresh tiny policy); default: SFT once "
-                                        "into <out>/sft/model as the demo does")
-    p.add_argument("--five-numbers", action="store_true", help="add 5-number problems to the training pool")
+    p.add_argument("--warm-start", help="HF checkpoint directory, or 'tiny' (fresh tiny policy); without it: SFT "
+                                        "once into <out>/sft/model as the demo does")
+    p.add_argument("--five-numbers", action="store_true", default=None,
+                   help="add 5-number problems to the training pool")
     p.add_argument("--set", dest="settings", type=_setting, action="append", default=[], metavar="KEY=VALUE",
                    help="any other StudyConfig field, repeatable, e.g. --set num_generations=16 --set dots_alpha=0.3")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+    for action in p._actions:
+        text = default_text(action.dest) if action.dest in _FIELDS else None
+        if text:
+            action.help = f"{action.help} ({text})"
     return p
 
 
+_FIELDS = frozenset(f.name for f in dataclasses.fields(StudyConfig))
+
+
 def config_from_args(a: argparse.Namespace) -> StudyConfig:
-    overrides = {k: v for k, v in {
-        "strategies": a.strategies, "seeds": a.seeds, "pool_sizes": a.pool_sizes, "sweep_seeds": a.sweep_seeds,
-        "budget_completions": a.budget_completions, "num_evals": a.num_evals, "eval_size": a.eval_size,
-        "jobs": a.jobs, "warm_start": a.warm_start, "five_numbers": a.five_numbers or None,
-    }.items() if v is not None}
+    """The study's config: ``StudyConfig`` (or ``.quick()``) with every given field option and ``--set`` applied."""
+    overrides = {k: v for k, v in vars(a).items() if k in _FIELDS and v is not None}
     overrides.update(dict(a.settings))
     return StudyConfig.quick(**overrides) if a.quick else StudyConfig(**overrides)
 
@@ -68,7 +95,7 @@ def config_from_args(a: argparse.Namespace) -> StudyConfig:
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     cfg = config_from_args(a)
-    out = a.out or Path("runs/bench_quick" if a.quick else "runs/bench")
+    out = a.out or (QUICK_OUT if a.quick else DEFAULT_OUT)
     from benchmarks.study.study import run_study
 
     t0 = time.perf_counter()

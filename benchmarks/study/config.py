@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +14,14 @@ STRATEGIES: tuple[str, ...] = (
     "uniform", "dynamic_sampling", "history", "dots", "dots_replay", "dps", "dps_c8", "dps_replay", "dps_cold_start",
     "mopps", "greso",
 )
+
+#: ``StudyConfig`` fields read only by ``benchmarks.study.strategies`` (they reach a run through its callbacks'
+#: arguments, which every run records and which decide whether it is reused; see ``StudyConfig.run_fingerprint``).
+STRATEGY_FIELDS: frozenset[str] = frozenset({
+    "dps_decay", "dps_candidate_ratio", "mopps_candidate_ratio", "mopps_decay", "greso_target", "dots_alpha",
+    "dots_tau", "reference_size", "update_every", "dots_online_steps", "replay_delta", "replay_capacity",
+    "dynamic_max_rounds",
+})
 
 #: The strategies of the multi-epoch setting (the pools after the first), per the study's design.
 SWEEP_STRATEGIES: tuple[str, ...] = ("uniform", "dynamic_sampling", "dps", "dps_c8", "mopps", "greso", "dots_replay")
@@ -89,7 +98,10 @@ class StudyConfig:
     # -- strategies ------------------------------------------------------------------------------------------
     dps_decay: float = 0.5
     dps_candidate_ratio: int = 8
-    mopps_candidate_ratio: int = 16
+    # MoPPS as its reference code's Countdown scripts (recipe/ours/scripts/countdown/cd_verl_*_topk_noinit.sh:
+    # tasksampler.ts_ratio=8, tasksampler.bandit_decay_ratio=0.5); the callback's defaults (16, 1.0) are its MATH ones.
+    mopps_candidate_ratio: int = 8
+    mopps_decay: float = 0.5
     greso_target: float = 0.25
     dots_alpha: float = 0.5
     dots_tau: float = 1e-3
@@ -135,6 +147,11 @@ class StudyConfig:
     def pool_num_numbers(self) -> list[int]:
         return sorted(set(self.num_numbers) | ({5} if self.five_numbers else set()))
 
+    def eval_marks(self) -> list[int]:
+        """The completion counts at which a run is evaluated (after the one at the start): ``num_evals`` equally
+        spaced marks, the last one the budget."""
+        return [math.ceil(self.budget_completions * (i + 1) / self.num_evals) for i in range(self.num_evals)]
+
     def runs(self) -> list[RunSpec]:
         """All runs, main pool first (seed-major, so every strategy gets seed 0 early), then the sweep."""
         main, *sweep = self.pool_sizes
@@ -158,10 +175,12 @@ class StudyConfig:
         return cls(**{k: v for k, v in data.items() if k in names})
 
     def run_fingerprint(self) -> str:
-        """Hash of everything that changes a run's outcome (not the run list, jobs or statistics): a finished run
-        is reused on a re-run only when this matches."""
+        """Hash of the settings every run shares (not the run list, jobs, statistics, nor the strategies' own
+        settings in :data:`STRATEGY_FIELDS`): a finished run is reused on a re-run only when this matches *and* its
+        recorded callback settings match what the study passes now (``benchmarks.study.study.retire_stale_runs``),
+        so changing one strategy's setting re-runs that strategy only."""
         skip = {"strategies", "seeds", "pool_sizes", "sweep_seeds", "sweep_strategies", "jobs", "run_timeout_s",
-                "confidence", "sft_threads", "degeneracy_sample", "degeneracy_generations"}
+                "confidence", "sft_threads", "degeneracy_sample", "degeneracy_generations", *STRATEGY_FIELDS}
         data = {k: v for k, v in self.to_dict().items() if k not in skip}
         return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
 

@@ -8,6 +8,11 @@ Targets (per pool size, from the uniform runs of that pool):
 A run's cost to reach a target is the first crossing of its curve (linear interpolation between evaluation
 points) in cumulative completions, rollout steps and training wall time; a run that never reaches it is censored
 ("not reached"). Ratios are paired by seed and summarised by :func:`benchmarks.study.stats.ratio_summary`.
+
+The DPS paper's own metric, :func:`to_baseline_final`: the completions a strategy needs to reach a *baseline's*
+final held-out accuracy (3+4 numbers; the mean over the baseline's seeds), as a share of the completions the
+baseline itself spent (same seed), for the baselines in :data:`FINAL_BASELINES`. :func:`paired_at_marks`: the
+paired difference to uniform at every evaluation mark.
 """
 
 from __future__ import annotations
@@ -17,12 +22,14 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.study.stats import crossing, mean_interval, ratio_summary
+from benchmarks.study.stats import crossing, crossing_bracket, mean_interval, ratio_summary
 
 TARGETS = {"accuracy": "val/accuracy/learnable", "train_reward": "train_pool_reward"}
 MEASURES = ("completions", "step", "wall_s")
 #: Extra paired comparisons besides "vs uniform": (strategy, baseline).
 COMPARISONS = (("dps", "dynamic_sampling"), ("dps_c8", "dynamic_sampling"), ("dps_c8", "dps"))
+#: Baselines of the "completions to reach a baseline's final accuracy" table (the DPS paper's own metric).
+FINAL_BASELINES = ("dynamic_sampling", "uniform")
 
 
 def _series_values(run: dict[str, Any], tag: str) -> np.ndarray:
@@ -112,7 +119,78 @@ def _paired(per_seed: dict[str, dict[int, dict[str, Any]]], a: str, b: str, kind
     return [(per_seed[a][s]["reached"][kind][measure], per_seed[b][s]["reached"][kind][measure]) for s in seeds]
 
 
-def summarise_pool(runs: list[dict[str, Any]], strategies: list[str], confidence: float) -> dict[str, Any]:
+def _ok_runs(runs: list[dict[str, Any]]) -> dict[str, dict[int, dict[str, Any]]]:
+    by: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
+    for r in runs:
+        if r.get("status") == "ok" and r.get("curve"):
+            by[r["strategy"]][r["seed"]] = r
+    return by
+
+
+def to_baseline_final(runs: list[dict[str, Any]], strategies: list[str], baseline: str, confidence: float = 0.95,
+                      key: str = TARGETS["accuracy"]) -> dict[str, Any]:
+    """Completions to reach ``baseline``'s final ``key`` (one pool size), as a share of the baseline's completions.
+
+    Target: the baseline's final value, averaged over its seeds. Per seed: the strategy's first crossing of the
+    target in cumulative completions (:func:`~benchmarks.study.stats.crossing_bracket`: linear interpolation
+    between the two evaluations around it, which are kept as ``low`` / ``high`` so the evaluation spacing shows),
+    divided by the completions the baseline run of the same seed spent in all (its last evaluation). Summary:
+    geometric mean over seeds with a t-interval on the log-ratios (:func:`~benchmarks.study.stats.ratio_summary`;
+    seeds that never reach the target are censored and counted). Without a baseline run ``target`` is None and
+    ``strategies`` empty.
+    """
+    by = _ok_runs(runs)
+    base = by.get(baseline, {})
+    finals = [r["curve"][-1].get(key) for r in base.values()]
+    finals = [f for f in finals if f is not None]
+    out: dict[str, Any] = {"baseline": baseline, "key": key, "target": float(np.mean(finals)) if finals else None,
+                           "baseline_seeds": sorted(base), "strategies": {}}
+    if out["target"] is None:
+        return out
+    for s in strategies:
+        pairs, rows = [], []
+        for seed in sorted(set(by.get(s, {})) & set(base)):
+            curve = by[s][seed]["curve"]
+            denominator = float(base[seed]["curve"][-1]["completions"])
+            found = crossing_bracket([p["completions"] for p in curve], [p.get(key) for p in curve], out["target"])
+            x = None if found is None else found[0]
+            pairs.append((x, denominator))
+            rows.append({"seed": seed, "completions": x, "baseline_completions": denominator,
+                         "ratio": None if found is None else found[0] / denominator,
+                         "low": None if found is None else found[1] / denominator,
+                         "high": None if found is None else found[2] / denominator})
+        out["strategies"][s] = {"per_seed": rows, "summary": ratio_summary(pairs, confidence)}
+    return out
+
+
+def paired_at_marks(runs: list[dict[str, Any]], strategies: list[str], marks: list[int], baseline: str = "uniform",
+                    confidence: float = 0.95, key: str = TARGETS["accuracy"]) -> dict[str, Any]:
+    """``key`` minus the baseline's, paired by seed, at each completion mark: each curve linearly interpolated at the
+    mark (``np.interp`` over cumulative completions; evaluations land on or just past the marks). Per strategy a
+    list of ``mean_interval`` summaries, one per mark, each with ``identical`` (every paired difference exactly 0)."""
+    by = _ok_runs(runs)
+    base = by.get(baseline, {})
+    out: dict[str, Any] = {"baseline": baseline, "marks": list(marks), "strategies": {}}
+    for s in strategies:
+        seeds = sorted(set(by.get(s, {})) & set(base))
+        if not seeds or s == baseline:
+            continue
+        cells = []
+        for m in marks:
+            diffs = []
+            for seed in seeds:
+                a = [(p["completions"], p[key]) for p in by[s][seed]["curve"] if p.get(key) is not None]
+                b = [(p["completions"], p[key]) for p in base[seed]["curve"] if p.get(key) is not None]
+                diffs.append(float(np.interp(m, *zip(*a)) - np.interp(m, *zip(*b))))
+            cell = mean_interval(diffs, confidence)
+            cell["identical"] = all(d == 0.0 for d in diffs)
+            cells.append(cell)
+        out["strategies"][s] = cells
+    return out
+
+
+def summarise_pool(runs: list[dict[str, Any]], strategies: list[str], confidence: float,
+                   marks: list[int] | None = None) -> dict[str, Any]:
     """All derived figures of one pool size."""
     targets = compute_targets(runs)
     per_seed: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
@@ -166,4 +244,7 @@ def summarise_pool(runs: list[dict[str, Any]], strategies: list[str], confidence
                          for x in common]
                 comparisons[f"{a}_vs_{b}"][kind]["final_diff"] = mean_interval(diffs, confidence)
     return {"targets": targets, "strategies": table, "comparisons": comparisons,
+            "to_baseline_final": {b: to_baseline_final(runs, strategies, b, confidence) for b in FINAL_BASELINES
+                                  if b in per_seed},
+            "at_marks": paired_at_marks(runs, strategies, marks, "uniform", confidence) if marks else None,
             "per_run": {f"{s}-seed{seed}": m for s, d in per_seed.items() for seed, m in d.items()}}

@@ -10,7 +10,6 @@ import numpy as np
 import torch
 
 from benchmarks.study.rollouts import countdown_rewards, sample_groups
-from lit_rlft.rollout.base import SamplingConfig
 
 #: torch seed of every evaluation: all runs and points see the same sampling noise (common random numbers).
 EVAL_SEED = 1234
@@ -57,7 +56,7 @@ class EvalCallback(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        done = pl_module.budget.completions
+        done = pl_module.grpo.budget.completions
         crossed = False
         while self._next < len(self.marks) and done >= self.marks[self._next]:
             self._next += 1
@@ -66,29 +65,28 @@ class EvalCallback(L.Callback):
             self.evaluate(trainer, pl_module)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self.curve or self.curve[-1]["step"] != pl_module.rollout_step:
+        if not self.curve or self.curve[-1]["step"] != pl_module.grpo.rollout_step:
             self.evaluate(trainer, pl_module)  # stopped before the last mark (max_steps): the final point
 
     # ------------------------------------------------------------------------------------------------------
     def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         wall = time.perf_counter() - self.t0 - self.eval_s
         t = time.perf_counter()
-        point: dict[str, Any] = {"step": int(pl_module.rollout_step), "completions": int(pl_module.budget.completions),
+        step = pl_module.grpo
+        point: dict[str, Any] = {"step": int(step.rollout_step), "completions": int(step.budget.completions),
                                  "wall_s": wall}
         dm = trainer.datamodule
-        sampling = pl_module.eval_sampling
-        train_sampling = SamplingConfig(pl_module.sampling.temperature, pl_module.sampling.top_p,
-                                        pl_module.sampling.top_k, pl_module.sampling.max_new_tokens)
+        sampling, train_sampling = step.generation.eval_sampling, step.generation.sampling
         threshold = pl_module.hparams.success_threshold
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(EVAL_SEED)
             val_ids = dm.pool("val").ids
-            _, correct = sample_groups(pl_module.engine, pl_module.tokenizer, dm, self._rewards, val_ids, "val",
+            _, correct = sample_groups(pl_module.grpo.engine, pl_module.tokenizer, dm, self._rewards, val_ids, "val",
                                        self.k, sampling, max(1, self.chunk // self.k), threshold)
             point.update(self._by_difficulty("val/accuracy", correct.mean(axis=1),
                                              dm.reward_columns(val_ids, "val")["difficulty"], learnable=True))
             torch.manual_seed(EVAL_SEED + 1)
-            rewards, _ = sample_groups(pl_module.engine, pl_module.tokenizer, dm, self._rewards, self.train_ids,
+            rewards, _ = sample_groups(pl_module.grpo.engine, pl_module.tokenizer, dm, self._rewards, self.train_ids,
                                        "train", self.train_generations, train_sampling,
                                        max(1, self.chunk // self.train_generations), threshold)
             point.update(self._by_difficulty("train_pool_reward", rewards.mean(axis=1),

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from benchmarks.study.config import StudyConfig
 
 DASH = "–"
+#: Stands for "the run's own seed" in recorded callback settings.
+RUN_SEED = "<run seed>"
 
 
 def fmt_mean(mi: dict[str, Any] | None, digits: int = 3, signed: bool = False) -> str:
@@ -151,6 +154,196 @@ def sweep_lines(pools: dict[str, Any], strategies: list[str]) -> list[str]:
     return _table(header, rows)
 
 
+# -- what ran -----------------------------------------------------------------------------------------------------
+def _fmt_value(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}={_fmt_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "(" + ", ".join(_fmt_value(v) for v in value) + ")"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _callback_defaults() -> dict[str, dict[str, Any]]:
+    """``{class name: {argument: default}}`` of the study's callback classes, from their signatures (JSON-ready)."""
+    from benchmarks.study import strategies as st
+
+    classes = {st.DOTSCallback, st.DPSCallback, st.DynamicSamplingCallback, st.GRESOCallback,
+               st.HistoryResamplingCallback, st.MoPPSCallback, st.ReplayCallback}
+    return {c.__name__: {k: st._jsonable(p.default) for k, p in inspect.signature(c).parameters.items()
+                         if p.default is not inspect.Parameter.empty} for c in classes}
+
+
+def recorded_settings(runs: list[dict[str, Any]], strategy: str) -> list[dict[str, Any]] | None:
+    """The callbacks ``strategy``'s runs recorded (``seed`` replaced by :data:`RUN_SEED` after checking it is the
+    run's); ``None`` when no run recorded them; raises when its runs disagree."""
+    found = []
+    for r in runs:
+        if r.get("strategy") != strategy or r.get("status") != "ok":
+            continue
+        callbacks = r.get("callbacks")
+        if callbacks is None:
+            return None
+        normalised = []
+        for c in callbacks:
+            args = dict(c["args"])
+            if "seed" in args:
+                if args["seed"] != r["seed"]:
+                    raise ValueError(f"{r['run']}: callback {c['callback']} ran with seed {args['seed']}, not the run's")
+                args["seed"] = RUN_SEED
+            normalised.append({"callback": c["callback"], "args": args})
+        found.append(normalised)
+    if not found:
+        return None
+    if any(f != found[0] for f in found):
+        raise ValueError(f"the runs of {strategy!r} recorded different callback settings")
+    return found[0]
+
+
+def settings_lines(study: dict[str, Any]) -> list[str]:
+    """The settings every run shares (from the recorded configuration) and, per strategy, every argument of every
+    callback as its runs recorded it, split into the ones that differ from the callback's default and the rest."""
+    cfg = study["config"]
+    defaults = _callback_defaults()
+    lines = [
+        f"- GRPO: B={cfg['batch_size']}, G={cfg['num_generations']}, T={cfg['temperature']:g}, "
+        f"{cfg['max_completion_length']} new tokens, AdamW lr {cfg['learning_rate']:g} (betas "
+        f"{_fmt_value(cfg['adam_betas'])}, {cfg['warmup_steps']} warm-up steps, gradient norm clipped at "
+        f"{cfg['max_grad_norm']:g}), loss `{cfg['loss_type']}`, advantages scaled by `{cfg['scale_rewards']}`, "
+        f"clip epsilon {cfg['epsilon']:g}.",
+        f"- Budget: {cfg['budget_completions']:,} completions per run, every purpose counted; evaluated at the start "
+        f"and at {', '.join(f'{m:,}' for m in StudyConfig.from_dict(cfg).eval_marks())} completions.",
+        "",
+        "Strategy settings: every constructor argument of every callback, as the runs recorded it (defaults "
+        "included; file locations left out; a callback's `seed` is always the run's seed). 'Differs from the "
+        "default' compares with the callback's signature.",
+        "",
+    ]
+    rows = []
+    for strategy in cfg["strategies"]:
+        settings = recorded_settings(study["runs"], strategy)
+        if settings is None:
+            rows.append([strategy, DASH, "not recorded by its runs", DASH])
+            continue
+        if not settings:
+            rows.append([strategy, "none", DASH, DASH])
+        for c in settings:
+            own = defaults.get(c["callback"], {})
+            args = {k: v for k, v in c["args"].items() if not (k == "seed" and v == RUN_SEED)}
+            changed = [f"{k}={_fmt_value(v)}" for k, v in args.items() if k not in own or own[k] != v]
+            kept = [f"{k}={_fmt_value(v)}" for k, v in args.items() if k in own and own[k] == v]
+            rows.append([strategy, f"`{c['callback']}`", ", ".join(changed) or DASH, ", ".join(kept) or DASH])
+    return lines + _table(["strategy", "callback", "differs from the default", "the callback's default"], rows)
+
+
+# -- the DPS paper's metric ----------------------------------------------------------------------------------------
+#: How the completions-to-a-baseline's-final-accuracy tables are computed (said above them).
+BASELINE_FINAL_METHOD = (
+    "The DPS paper's headline: completions to reach dynamic sampling's final accuracy, as a share of dynamic "
+    "sampling's own. Here for every strategy against dynamic sampling and against uniform. Target: the baseline's "
+    "final held-out accuracy on 3+4 numbers, the mean over its seeds. Per seed: the completions at which the "
+    "strategy's curve first reaches it (linear interpolation between the two evaluations around the crossing), "
+    "divided by the completions the same seed's baseline run spent in all. Geometric mean over seeds [95% t-interval "
+    "on log-ratios]; seeds that never reach the target are counted in 'reached' and left out of the mean. Ratio < 1: "
+    "fewer completions than the baseline spent.")
+
+
+def _ratio_cell(row: dict[str, Any], brackets: bool = True) -> str:
+    if row["ratio"] is None:
+        return "not reached"
+    if row["completions"] == 0:
+        return "met at start"
+    text = f"{row['ratio']:.2f}"
+    return text + (f" ({row['low']:.2f}-{row['high']:.2f})" if brackets else "")
+
+
+def _spacing_text(cfg: StudyConfig, denominators: list[float]) -> str:
+    spacing = cfg.budget_completions / cfg.num_evals
+    lo, hi = min(denominators), max(denominators)
+    span = f"{lo:,.0f}" if lo == hi else f"{lo:,.0f}-{hi:,.0f}"
+    share = f"{spacing / hi:.2f}" if f"{spacing / hi:.2f}" == f"{spacing / lo:.2f}" else \
+        f"{spacing / hi:.2f}-{spacing / lo:.2f}"
+    return (f"Evaluations come every {spacing:,.0f} completions, {share} of the "
+            f"baseline's {span}, so a crossing is only known to lie between two evaluations: the bracket after each "
+            "per-seed ratio is (last evaluation below the target, first at or above it) over the same denominator, "
+            "and the ratio itself interpolates linearly between them.") if lo > 0 else ""
+
+
+def baseline_final_lines(cfg: StudyConfig, pool: dict[str, Any], size: str, strategies: list[str],
+                         heading: bool = True, intro: bool = True) -> list[str]:
+    """Both baselines side by side, then per baseline: completions to reach its final held-out accuracy, per seed
+    (with the evaluation bracket) and as a geometric mean, as a share of the baseline's own completions
+    (``heading`` / ``intro``: the section title and the paragraph saying how it is computed)."""
+    tables = pool.get("to_baseline_final") or {}
+    if not tables:
+        return []
+    lines = [f"### Completions to reach a baseline's final accuracy (pool {size}): the DPS paper's metric", ""]
+    lines = lines if heading else []
+    lines += [BASELINE_FINAL_METHOD, ""] if intro else []
+    summary_rows = []
+    for s in strategies:
+        cells = []
+        for t in tables.values():
+            row = t["strategies"].get(s)
+            if row is None or not row["per_seed"]:
+                cells += [DASH, DASH]
+                continue
+            reached = sum(r["ratio"] is not None for r in row["per_seed"])
+            cells += [f"{reached}/{len(row['per_seed'])}", fmt_ratio(row["summary"])]
+        summary_rows.append([s, *cells])
+    header = ["strategy"]
+    for b, t in tables.items():
+        target = DASH if t["target"] is None else f"{t['target']:.3f}"
+        header += [f"reached {b}'s final ({target})", f"completions / {b}'s"]
+    lines += [*_table(header, summary_rows), ""]
+    for b, t in tables.items():
+        if t["target"] is None:
+            continue
+        seeds = t["baseline_seeds"]
+        denominators = [r["baseline_completions"] for row in t["strategies"].values() for r in row["per_seed"]]
+        rows = []
+        for s in strategies:
+            row = t["strategies"].get(s)
+            if row is None or not row["per_seed"]:
+                continue
+            by_seed = {r["seed"]: r for r in row["per_seed"]}
+            rows.append([s, *[_ratio_cell(by_seed[x]) if x in by_seed else DASH for x in seeds],
+                         fmt_ratio(row["summary"])])
+        lines += [f"Per seed, against {b} (target {t['target']:.3f}). {_spacing_text(cfg, denominators)}", "",
+                  *_table(["strategy", *[f"seed {x}" for x in seeds], "geometric mean [95% interval]"], rows), ""]
+    return lines
+
+
+def at_marks_rows(pool: dict[str, Any], strategies: list[str]) -> list[list[str]]:
+    """Per strategy: held-out accuracy minus uniform's, paired by seed, at every evaluation mark (bold: the interval
+    excludes 0; "identical": every seed's difference is exactly 0)."""
+    at = pool.get("at_marks") or {"strategies": {}}
+    rows = []
+    for s in strategies:
+        cells = at["strategies"].get(s)
+        if cells is None:
+            continue
+        out = []
+        for c in cells:
+            if c["mean"] is None:
+                out.append(DASH)
+            elif c["identical"]:
+                out.append("+0.000 (identical)")
+            else:
+                text = fmt_mean(c, 3, True)
+                out.append(f"**{text}**" if c["low"] is not None and (c["low"] > 0 or c["high"] < 0) else text)
+        rows.append([s, *out])
+    return rows
+
+
+def at_marks_lines(pool: dict[str, Any], strategies: list[str]) -> list[str]:
+    """:func:`at_marks_rows` as a table (empty without the figures)."""
+    at = pool.get("at_marks")
+    rows = at_marks_rows(pool, strategies)
+    return _table(["strategy", *[f"{m:,}" for m in at["marks"]]], rows) if at and rows else []
+
+
 def pool_lines(cfg: StudyConfig, pool: dict[str, Any], size: str, strategies: list[str], title: str) -> list[str]:
     """Outcomes, cost to target, comparisons, diagnostics and batch composition of one pool."""
     tg = pool["targets"]
@@ -165,6 +358,11 @@ def pool_lines(cfg: StudyConfig, pool: dict[str, Any], size: str, strategies: li
         "of per-seed ratios (paired by seed) [95% t-interval on log-ratios]; censored seeds are said in words and "
         "left out of the estimate.", "",
         *cost_lines(pool, strategies), "",
+        *baseline_final_lines(cfg, pool, size, strategies),
+        *([f"### Held-out accuracy minus uniform's at each evaluation (pool {size}, paired)", "",
+           "Held-out accuracy on 3+4 numbers minus uniform's, paired by seed, each curve interpolated linearly at "
+           "the evaluation marks (in completions) [95% t-interval across seeds]; bold: the interval excludes 0.", "",
+           *at_marks_lines(pool, strategies), ""] if pool.get("at_marks") else []),
         *(["### Paired comparisons", "", *comparison_lines(pool), ""] if pool["comparisons"] else []),
         f"### Diagnostics (pool {size})", "", *diagnostic_lines(pool, strategies), "",
     ]
@@ -189,6 +387,7 @@ def results_markdown(cfg: StudyConfig, study: dict[str, Any]) -> str:
         f"{study['timings'].get('study_s', 0):.0f} s ({study['timings'].get('runs_executed', 0)} runs executed, "
         f"{study['timings'].get('runs_reused', 0)} reused); the runs took {study['timings'].get('runs_total_s', 0):.0f} "
         f"s in all ({cfg.jobs or 1} side by side).", "",
+        "## Settings (from the recorded configuration and the callbacks' arguments)", "", *settings_lines(study), "",
         "## Pool degeneracy at the start", "", *degeneracy_lines(study["degeneracy"]),
         *pool_lines(cfg, pools[main], main, cfg.strategies_at(int(main)), "Main comparison"),
         "Selection overhead = time in the selection callback except reference rollouts, over (training step + that "

@@ -4,7 +4,8 @@
         --warm-start runs/sft/model --out-dir <out>
 
 Writes ``<out>/runs/<strategy>-pool<N>-seed<S>.json`` atomically, also when the run fails (``status: failed``
-with the traceback), and keeps its TensorBoard events under ``<out>/work/<name>/``.
+with the traceback), and keeps its TensorBoard events under ``<out>/work/<name>/``. The JSON records the strategy's
+callbacks with every argument they ran with (``callbacks``, from :func:`~benchmarks.study.strategies.strategy_settings`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 from benchmarks.study.config import RunSpec, StudyConfig
 from benchmarks.study.jsonio import read_json, write_json
-from benchmarks.study.strategies import SELECTION_NAME
+from benchmarks.study.strategies import SELECTION_NAME, strategy_settings
 
 #: Per-step TensorBoard series kept in the run's JSON: exact tags, then tag prefixes.
 SERIES_TAGS = ("effective_ratio", "reward", "time/step_s", "time/generation_s", "budget/completions",
@@ -34,10 +35,12 @@ def run_json_path(out_dir: str | Path, spec: RunSpec) -> Path:
     return Path(out_dir) / "runs" / f"{spec.name}.json"
 
 
-def is_finished(path: Path, fingerprint: str) -> bool:
-    """A run is reused when its JSON says ``ok`` and was made with the same run settings."""
+def is_finished(path: Path, fingerprint: str, callbacks: list[dict[str, Any]] | None = None) -> bool:
+    """A run is reused when its JSON says ``ok`` and was made with the same run settings (``fingerprint``) and, when
+    ``callbacks`` is given, with these callback settings (see :func:`benchmarks.study.study.retire_stale_runs`)."""
     data = read_json(path)
-    return bool(data) and data.get("status") == "ok" and data.get("fingerprint") == fingerprint
+    return (bool(data) and data.get("status") == "ok" and data.get("fingerprint") == fingerprint
+            and (callbacks is None or data.get("callbacks") == callbacks))
 
 
 def select_series(scalars: dict[str, list[tuple[int, float]]], strategy: str) -> dict[str, list[list[float]]]:
@@ -59,8 +62,8 @@ def train(cfg: StudyConfig, spec: RunSpec, warm_start: str, out_dir: Path) -> di
     from benchmarks.study.evaluation import EvalCallback
     from benchmarks.study.strategies import strategy_callbacks
     from benchmarks.study.tasks import datamodule, train_subset_ids
+    from lit_rlft import GenerationConfig, GRPOLoss, GRPOModule, OptimConfig
     from lit_rlft.callbacks import BatchCompositionLogger, RolloutBudgetStop
-    from lit_rlft.lightning.module import GRPOModule
     from lit_rlft.models.tiny import TinyConfig
     from lit_rlft.reporting import read_scalars
 
@@ -70,15 +73,16 @@ def train(cfg: StudyConfig, spec: RunSpec, warm_start: str, out_dir: Path) -> di
     L.seed_everything(spec.seed, verbose=False)
     module = GRPOModule(
         model=warm_start, tiny=TinyConfig(**(cfg.tiny or {})) if warm_start == "tiny" else None,
-        reward_funcs=["lit_rlft.rewards.countdown_reward"], num_generations=cfg.num_generations,
-        temperature=cfg.temperature, max_completion_length=cfg.max_completion_length,
-        scale_rewards=cfg.scale_rewards, loss_type=cfg.loss_type, epsilon=cfg.epsilon, beta=0.0,
-        learning_rate=cfg.learning_rate, adam_betas=tuple(cfg.adam_betas), warmup_steps=cfg.warmup_steps,
-        max_grad_norm=cfg.max_grad_norm, eval_num_generations=cfg.eval_num_generations, generation_seed=spec.seed,
+        reward_funcs=["lit_rlft.rewards.countdown_reward"], scale_rewards=cfg.scale_rewards,
+        generation=GenerationConfig(num_generations=cfg.num_generations, temperature=cfg.temperature,
+                                    max_completion_length=cfg.max_completion_length,
+                                    eval_num_generations=cfg.eval_num_generations, seed=spec.seed),
+        loss=GRPOLoss(loss_type=cfg.loss_type, epsilon=cfg.epsilon, beta=0.0),
+        optim=OptimConfig(learning_rate=cfg.learning_rate, adam_betas=tuple(cfg.adam_betas),
+                          warmup_steps=cfg.warmup_steps, max_grad_norm=cfg.max_grad_norm),
     )
     dm = datamodule(cfg, spec.pool_size, spec.seed)
-    marks = [math.ceil(cfg.budget_completions * (i + 1) / cfg.num_evals) for i in range(cfg.num_evals)]
-    evaluator = EvalCallback(marks, train_subset_ids(cfg, spec.pool_size), cfg.eval_num_generations,
+    evaluator = EvalCallback(cfg.eval_marks(), train_subset_ids(cfg, spec.pool_size), cfg.eval_num_generations,
                              cfg.train_subset_generations, cfg.learnable_buckets, cfg.generation_chunk)
     callbacks = [*strategy_callbacks(spec.strategy, cfg, spec.seed, str(out_dir / "cache" / "embeddings")),
                  BatchCompositionLogger("difficulty"), RolloutBudgetStop(cfg.budget_completions), evaluator]
@@ -98,8 +102,8 @@ def train(cfg: StudyConfig, spec: RunSpec, warm_start: str, out_dir: Path) -> di
         "curve": evaluator.curve,
         "series": select_series(scalars, spec.strategy),
         "eval_counts": evaluator.eval_counts,
-        "steps": int(module.rollout_step),
-        "budget": module.budget.state_dict(),
+        "steps": int(module.grpo.rollout_step),
+        "budget": module.grpo.budget.state_dict(),
         "timings": {"fit_s": fit_s, "eval_s": evaluator.eval_s,
                     "train_wall_s": evaluator.curve[-1]["wall_s"] if evaluator.curve else None},
         "max_steps": max_steps,
@@ -114,6 +118,7 @@ def run_and_write(cfg: StudyConfig, spec: RunSpec, warm_start: str, out_dir: str
     record: dict[str, Any] = {"run": spec.name, "strategy": spec.strategy, "pool_size": spec.pool_size,
                               "seed": spec.seed, "warm_start": warm_start, "fingerprint": cfg.run_fingerprint()}
     try:
+        record["callbacks"] = strategy_settings(spec.strategy, cfg, spec.seed)
         record.update(train(cfg, spec, warm_start, out_dir))
         record["status"] = "ok"
     except Exception as exc:  # the study goes on; the failure is reported in results.md

@@ -30,14 +30,24 @@ def t_quantile(df: int, confidence: float = 0.95) -> float:
 def crossing(xs: Sequence[float], ys: Sequence[float], target: float) -> float | None:
     """First ``x`` at which the curve ``ys`` reaches ``target``, linearly interpolated between evaluation points;
     ``None`` (censored) when it never does. A curve that starts at or above the target crosses at ``xs[0]``."""
+    found = crossing_bracket(xs, ys, target)
+    return None if found is None else found[0]
+
+
+def crossing_bracket(xs: Sequence[float], ys: Sequence[float], target: float
+                     ) -> tuple[float, float, float] | None:
+    """:func:`crossing` with the evaluations around it: ``(x, x_before, x_at)``, where ``x_before`` is the last
+    evaluation below ``target`` and ``x_at`` the first at or above it (the crossing is only known to lie between
+    them; ``x`` interpolates linearly: ``x_before + (target - y_before) / (y_at - y_before) * (x_at - x_before)``).
+    A curve that starts at or above the target gives ``(xs[0], xs[0], xs[0])``; ``None`` when it never gets there."""
     prev_x = prev_y = None
     for x, y in zip(xs, ys):
         if y is None or not math.isfinite(y):
             continue
         if y >= target:
             if prev_y is None or y == prev_y:
-                return float(x)
-            return float(prev_x + (target - prev_y) / (y - prev_y) * (x - prev_x))
+                return float(x), float(x if prev_x is None else prev_x), float(x)
+            return float(prev_x + (target - prev_y) / (y - prev_y) * (x - prev_x)), float(prev_x), float(x)
         prev_x, prev_y = x, y
     return None
 

@@ -1,6 +1,19 @@
-"""The callbacks that make each strategy of the study (settings from :class:`StudyConfig`)."""
+"""The callbacks that make each strategy of the study (settings from :class:`StudyConfig`), and the settings they
+actually run with.
+
+Every strategy is a list of :class:`CallbackSpec` (a callback class and the keyword arguments the study passes);
+:func:`strategy_callbacks` instantiates them and :func:`strategy_settings` resolves them against the class's
+signature, defaults included. The settings are recorded in every run's JSON (``callbacks``), a run is reused only
+while they still match (``benchmarks.study.study.retire_stale_runs``), and the settings block of ``results.md`` and
+``docs/results.md`` is generated from them, never typed by hand.
+"""
 
 from __future__ import annotations
+
+import dataclasses
+import inspect
+from dataclasses import dataclass
+from typing import Any
 
 import lightning as L
 
@@ -22,9 +35,55 @@ SELECTION_NAME: dict[str, str | None] = {
     "dps": "dps", "dps_c8": "dps", "dps_replay": "dps", "dps_cold_start": "dps", "mopps": "mopps", "greso": "greso",
 }
 
+#: Arguments that say where a run keeps files, not what it does: left out of the recorded settings.
+LOCATION_ARGS = frozenset({"cache_dir"})
 
-def strategy_callbacks(name: str, cfg: StudyConfig, seed: int, cache_dir: str) -> list[L.Callback]:
-    """Callbacks for strategy ``name`` (selection first, then rollout hooks).
+#: MoPPS' settings that are not ``StudyConfig`` fields, as the MoPPS reference code's Countdown scripts run them
+#: (thu-rllab/MoPPS ``recipe/ours/config/our_trainer.yaml``: ``bandit_target_mean: 0.5``, ``bandit_sample_strategy:
+#: topk``; ``recipe/ours/mopps.py``: ``PosteriorSampler(prior_alpha=1.0, prior_beta=1.0)``). Passed explicitly so
+#: that a change of the callback's defaults cannot change the study silently.
+MOPPS_TARGET = 0.5
+MOPPS_PRIOR = (1.0, 1.0)
+
+
+@dataclass(frozen=True)
+class CallbackSpec:
+    """One callback of a strategy: its class and the keyword arguments the study passes (the rest are defaults)."""
+
+    cls: type
+    kwargs: dict[str, Any]
+
+    def build(self) -> L.Callback:
+        return self.cls(**self.kwargs)
+
+    def settings(self) -> dict[str, Any]:
+        """``{"callback": class name, "args": every argument, defaults included}`` (JSON-ready; no file locations)."""
+        return {"callback": self.cls.__name__, "args": resolved_arguments(self.cls, self.kwargs)}
+
+
+def _jsonable(value: Any) -> Any:
+    """A JSON-ready copy: dataclasses become their fields (minus locations), tuples lists."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if f.name not in LOCATION_ARGS}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return value
+
+
+def resolved_arguments(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Every constructor argument of ``cls`` as called with ``kwargs``: the given ones and the signature's defaults
+    (``inspect.signature(cls).bind(**kwargs).apply_defaults()``), without :data:`LOCATION_ARGS`."""
+    bound = inspect.signature(cls).bind(**kwargs)
+    bound.apply_defaults()
+    return {k: _jsonable(v) for k, v in bound.arguments.items() if k not in LOCATION_ARGS}
+
+
+def strategy_specs(name: str, cfg: StudyConfig, seed: int, cache_dir: str = ".cache/lit_rlft/embeddings"
+                   ) -> list[CallbackSpec]:
+    """The callbacks of strategy ``name`` (selection first, then rollout hooks), as classes and arguments.
 
     - ``uniform``: none (the batch plan's uniform sampling without replacement per epoch).
     - ``dynamic_sampling``: DAPO's filter, up to ``dynamic_max_rounds`` rounds (extra rounds charged).
@@ -35,7 +94,9 @@ def strategy_callbacks(name: str, cfg: StudyConfig, seed: int, cache_dir: str) -
       ``replay_capacity``).
     - ``dps_c8``: DPS ranking a fresh candidate set of ``dps_candidate_ratio * B`` prompts each step (the DPS
       reference code's loader; 8 in its Countdown scripts).
-    - ``mopps``: MoPPS, Thompson samples of ``mopps_candidate_ratio * B`` candidates, target 0.5.
+    - ``mopps``: MoPPS as the MoPPS reference code runs Countdown: Thompson samples of ``mopps_candidate_ratio * B``
+      candidates (``ts_ratio=8``), posterior decay ``mopps_decay`` (``bandit_decay_ratio=0.5``), target
+      :data:`MOPPS_TARGET`, prior :data:`MOPPS_PRIOR`.
     - ``greso``: GRESO's pre-rollout skipping, target zero-variance share ``greso_target``.
     - ``dps_cold_start``: DPS whose unseen prompts start from DOTS' predicted success rate (same reference-set
       settings as DOTS, charged to the budget).
@@ -43,23 +104,25 @@ def strategy_callbacks(name: str, cfg: StudyConfig, seed: int, cache_dir: str) -
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
 
-    def dots() -> DOTSCallback:
-        return DOTSCallback(alpha=cfg.dots_alpha, tau=cfg.dots_tau, reference_size=cfg.reference_size,
-                            update_every=cfg.update_every, online_steps_per_update=cfg.dots_online_steps,
-                            cache_dir=cache_dir, seed=seed)
+    def dots() -> CallbackSpec:
+        return CallbackSpec(DOTSCallback, dict(alpha=cfg.dots_alpha, tau=cfg.dots_tau, reference_size=cfg.reference_size,
+                                               update_every=cfg.update_every,
+                                               online_steps_per_update=cfg.dots_online_steps, cache_dir=cache_dir,
+                                               seed=seed))
 
-    def replay() -> ReplayCallback:
-        return ReplayCallback(delta=cfg.replay_delta, capacity=cfg.replay_capacity, seed=seed)
+    def replay() -> CallbackSpec:
+        return CallbackSpec(ReplayCallback, dict(delta=cfg.replay_delta, capacity=cfg.replay_capacity, seed=seed))
 
-    def dps(cold: DifficultyPredictorConfig | None = None, candidate_ratio: int | None = None) -> DPSCallback:
-        return DPSCallback(decay=cfg.dps_decay, cold_start=cold, candidate_ratio=candidate_ratio, seed=seed)
+    def dps(cold: DifficultyPredictorConfig | None = None, candidate_ratio: int | None = None) -> CallbackSpec:
+        return CallbackSpec(DPSCallback, dict(decay=cfg.dps_decay, cold_start=cold, candidate_ratio=candidate_ratio,
+                                              seed=seed))
 
     if name == "uniform":
         return []
     if name == "dynamic_sampling":
-        return [DynamicSamplingCallback(max_rounds=cfg.dynamic_max_rounds)]
+        return [CallbackSpec(DynamicSamplingCallback, dict(max_rounds=cfg.dynamic_max_rounds))]
     if name == "history":
-        return [HistoryResamplingCallback(seed=seed)]
+        return [CallbackSpec(HistoryResamplingCallback, dict(seed=seed))]
     if name == "dots":
         return [dots()]
     if name == "dots_replay":
@@ -71,9 +134,21 @@ def strategy_callbacks(name: str, cfg: StudyConfig, seed: int, cache_dir: str) -
     if name == "dps_replay":
         return [dps(), replay()]
     if name == "mopps":
-        return [MoPPSCallback(candidate_ratio=cfg.mopps_candidate_ratio, seed=seed)]
+        return [CallbackSpec(MoPPSCallback, dict(candidate_ratio=cfg.mopps_candidate_ratio, decay=cfg.mopps_decay,
+                                                 target=MOPPS_TARGET, prior=MOPPS_PRIOR, seed=seed))]
     if name == "greso":
-        return [GRESOCallback(target_zero_variance=cfg.greso_target, seed=seed)]
+        return [CallbackSpec(GRESOCallback, dict(target_zero_variance=cfg.greso_target, seed=seed))]
     cold = DifficultyPredictorConfig(reference_size=cfg.reference_size, update_every=cfg.update_every,
                                      online_steps_per_update=cfg.dots_online_steps, cache_dir=cache_dir)
     return [dps(cold)]
+
+
+def strategy_callbacks(name: str, cfg: StudyConfig, seed: int, cache_dir: str) -> list[L.Callback]:
+    """The callbacks of strategy ``name`` (see :func:`strategy_specs`)."""
+    return [spec.build() for spec in strategy_specs(name, cfg, seed, cache_dir)]
+
+
+def strategy_settings(name: str, cfg: StudyConfig, seed: int) -> list[dict[str, Any]]:
+    """What strategy ``name`` runs with at ``seed``: ``[{"callback": ..., "args": {...}}]``, every argument of every
+    callback, defaults included (what a run records in its JSON as ``callbacks``)."""
+    return [spec.settings() for spec in strategy_specs(name, cfg, seed)]

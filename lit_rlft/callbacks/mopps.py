@@ -22,11 +22,13 @@ class MoPPSCallback(SelectionCallback):
         trainer = L.Trainer(callbacks=[MoPPSCallback(candidate_ratio=16)])
 
     Args:
-        candidate_ratio: candidates per step = ``candidate_ratio * B`` (the reference code's ``ts_ratio``, 16);
+        candidate_ratio: candidates per step = ``candidate_ratio * B`` (the reference code's ``ts_ratio``: 16 in its
+            MATH scripts, 8 in its Countdown scripts);
             ``None``: the whole pool.
         target: the success rate aimed at (0.5).
         prior: ``(alpha_0, beta_0)`` of every prompt's Beta posterior (1, 1: uniform).
-        decay: ``lambda``: how much of a posterior survives each update of its prompt (1: all, the reference code).
+        decay: ``lambda``: how much of a posterior survives each update of its prompt (1: all, the reference code's
+            config default and MATH scripts; its Countdown scripts use 0.5).
         seed: seed of the Thompson samples, ties and the candidate stream.
     """
 

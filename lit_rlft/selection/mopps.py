@@ -7,7 +7,8 @@ prior ``(alpha_0, beta_0)``. After a step, every prompt just rolled out with ``s
     alpha_q <- lambda * alpha_q + (1 - lambda) * alpha_0 + s
     beta_q  <- lambda * beta_q  + (1 - lambda) * beta_0  + (k - s)
 
-(the other prompts keep their posterior; ``lambda = 1``, the reference code's default, never forgets). Selection:
+(the other prompts keep their posterior; ``lambda = 1``, the reference code's config default and MATH setting, never
+forgets; its Countdown scripts use 0.5). Selection:
 draw a candidate set (``candidate_ratio * B`` prompts of a shuffled epoch of the pool, or the whole pool), sample
 ``gamma_q ~ Beta(alpha_q, beta_q)`` for every candidate (a Thompson sample: the posterior's own noise is the
 exploration) and take the ``B`` candidates with the highest ``-(gamma_q - target)^2`` (target 0.5: prompts predicted
@@ -39,9 +40,10 @@ class MoPPSSelector:
         num_prompts: pool size ``S``.
         num_generations: ``k``, completions per group (success rate ``p`` -> ``s = round(p * k)`` successes).
         prior: ``(alpha_0, beta_0)`` (1, 1: uniform).
-        decay: ``lambda`` in (0, 1] (1: no forgetting, the reference code's default).
+        decay: ``lambda`` in (0, 1] (1: no forgetting, the reference code's default; 0.5 in its Countdown scripts).
         target: the success rate aimed at.
-        candidate_ratio: candidates per step = ``candidate_ratio * B`` (the reference code's ``ts_ratio``, 16);
+        candidate_ratio: candidates per step = ``candidate_ratio * B`` (the reference code's ``ts_ratio``: 16 for
+            MATH, 8 for Countdown);
             ``None``: the whole pool.
         seed: seed of the candidate stream.
 

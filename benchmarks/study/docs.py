@@ -1,0 +1,136 @@
+"""``python -m benchmarks.study.docs``: the generated parts of the results page, rebuilt from the recorded study.
+
+    python -m benchmarks.study.docs           # rewrite docs/results/study_tables.md and the blocks in docs/results.md
+    python -m benchmarks.study.docs --check   # exit 1 and say what is out of date (what tests/study checks)
+
+``docs/results.md`` is written by hand except between ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->``:
+those blocks are built here from ``docs/results/study.json`` (its recorded configuration, runs and the callbacks
+every run recorded) with the study's own code (:mod:`benchmarks.study.derived`, :mod:`benchmarks.study.report`).
+``docs/results/study_tables.md`` is the whole report (``results.md``) rebuilt the same way.
+
+The check also requires that every run recorded the callback settings the study passes now
+(:func:`~benchmarks.study.strategies.strategy_settings` of the recorded configuration, defaults read from the
+callbacks' signatures): changing a callback's default, or a setting in ``strategies.py``, without re-running the
+affected runs and regenerating the page fails it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks.study.config import StudyConfig
+from benchmarks.study.derived import summarise_pool
+from benchmarks.study.jsonio import read_json
+from benchmarks.study.report import _table, at_marks_rows, baseline_final_lines, results_markdown, settings_lines
+from benchmarks.study.strategies import strategy_settings
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS_MD = REPO / "docs" / "results.md"
+STUDY_JSON = REPO / "docs" / "results" / "study.json"
+TABLES_MD = REPO / "docs" / "results" / "study_tables.md"
+#: The strategies of the results page's "at each evaluation" table (the ones that tie uniform at the end).
+AT_MARKS_STRATEGIES = ("dps_c8", "mopps", "greso")
+
+_BLOCK = re.compile(r"(<!-- generated:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /generated:(?P=name) -->)", re.S)
+
+
+def load_study(path: Path = STUDY_JSON) -> tuple[StudyConfig, dict[str, Any]]:
+    """The recorded study, its pool summaries recomputed from its runs with the current derived code."""
+    study = read_json(path)
+    if study is None:
+        raise FileNotFoundError(f"{path}: missing or unreadable")
+    cfg = StudyConfig.from_dict(study["config"])
+    study["pools"] = {str(size): summarise_pool([r for r in study["runs"] if r.get("pool_size") == size],
+                                                 cfg.strategies_at(size), cfg.confidence, cfg.eval_marks())
+                      for size in cfg.pool_sizes}
+    return cfg, study
+
+
+def _at_marks_block(cfg: StudyConfig, study: dict[str, Any]) -> list[str]:
+    rows: list[list[str]] = []
+    for size in cfg.pool_sizes:
+        rows += [[f"{size:,}", *row] for row in at_marks_rows(study["pools"][str(size)], list(AT_MARKS_STRATEGIES))]
+    return _table(["pool", "strategy", *[f"{m:,}" for m in cfg.eval_marks()]], rows)
+
+
+def blocks(cfg: StudyConfig, study: dict[str, Any]) -> dict[str, Callable[[], list[str]]]:
+    """The generated blocks of ``docs/results.md`` by name (each a function giving its markdown lines)."""
+    main, *others = [str(z) for z in cfg.pool_sizes]
+    out: dict[str, Callable[[], list[str]]] = {
+        "settings": lambda: settings_lines(study),
+        "at-marks": lambda: _at_marks_block(cfg, study),
+    }
+    for size in [main, *others]:  # the method is said once, in the first pool's block
+        out[f"to-baseline-final-{size}"] = (lambda z=size: baseline_final_lines(
+            cfg, study["pools"][z], z, cfg.strategies_at(int(z)), heading=False, intro=z == main))
+    return out
+
+
+def settings_problems(cfg: StudyConfig, study: dict[str, Any]) -> list[str]:
+    """Runs whose recorded callbacks differ from what the study passes now for them (or that recorded none)."""
+    problems = []
+    for r in study["runs"]:
+        now = strategy_settings(r["strategy"], cfg, r["seed"])
+        if r.get("callbacks") != now:
+            problems.append(f"{r['run']}: recorded callbacks {r.get('callbacks')} but the study passes {now}")
+    return problems
+
+
+def render(text: str, generated: dict[str, Callable[[], list[str]]]) -> str:
+    """``text`` with every generated block replaced; unknown block names raise."""
+    def body(m: re.Match[str]) -> str:
+        name = m.group("name")
+        if name not in generated:
+            raise KeyError(f"docs/results.md has a generated block {name!r} that benchmarks.study.docs does not know")
+        return m.group(1) + "\n".join(generated[name]()).rstrip("\n") + "\n" + m.group(4)
+
+    return _BLOCK.sub(body, text)
+
+
+def check(study_path: Path = STUDY_JSON, results_md: Path = RESULTS_MD, tables_md: Path = TABLES_MD) -> list[str]:
+    """Everything out of date, in words (empty: the page says what ran)."""
+    cfg, study = load_study(study_path)
+    problems = settings_problems(cfg, study)
+    text = results_md.read_text(encoding="utf-8")
+    expected = render(text, blocks(cfg, study))
+    names = [m.group("name") for m in _BLOCK.finditer(text)]
+    for name in ("settings", "at-marks", f"to-baseline-final-{cfg.pool_sizes[0]}"):
+        if name not in names:
+            problems.append(f"{results_md}: no generated block {name!r}")
+    if expected != text:
+        changed = [m.group("name") for m, e in zip(_BLOCK.finditer(text), _BLOCK.finditer(expected))
+                   if m.group(0) != e.group(0)]
+        problems.append(f"{results_md}: generated block(s) {changed} out of date (python -m benchmarks.study.docs)")
+    if tables_md.read_text(encoding="utf-8") != results_markdown(cfg, study):
+        problems.append(f"{tables_md}: out of date (python -m benchmarks.study.docs)")
+    return problems
+
+
+def write(study_path: Path = STUDY_JSON, results_md: Path = RESULTS_MD, tables_md: Path = TABLES_MD) -> None:
+    """Rewrite the generated blocks of ``results_md`` and the whole of ``tables_md`` from ``study_path``."""
+    cfg, study = load_study(study_path)
+    results_md.write_text(render(results_md.read_text(encoding="utf-8"), blocks(cfg, study)), encoding="utf-8")
+    tables_md.write_text(results_markdown(cfg, study), encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.study.docs", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--check", action="store_true", help="only say what is out of date (exit 1 if anything is)")
+    p.add_argument("--study", type=Path, default=STUDY_JSON, help=f"recorded study (default {STUDY_JSON})")
+    a = p.parse_args(argv)
+    if not a.check:
+        write(a.study)
+    problems = check(a.study)
+    for line in problems:
+        print(line, file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
