@@ -65,7 +65,8 @@ def test_the_two_node_recipe_composes_and_divides_by_the_ranks(capsys):
     ranks = cfg["trainer"]["devices"] * cfg["trainer"]["num_nodes"]
     assert ranks == cfg["trainer"]["strategy"]["init_args"]["data_parallel_size"] == 16
     optim = cfg["model"]["optim"]  # the LoRA overlay changes the learning rate and keeps the recipe's other settings
-    assert (optim["learning_rate"], optim["num_mini_batches"], optim["micro_batch_size"]) == (1e-5, 4, 8)
+    assert (optim["learning_rate"], optim["num_mini_batches"], optim["micro_batch_tokens"],
+            optim["gradient_checkpointing"]) == (1e-5, 4, 32768, True)
     replay = next(c for c in cfg["trainer"]["callbacks"] if c["class_path"].endswith("ReplayCallback"))
     batch = cfg["data"]["batch_size"]
     fresh = -(-int(replay["init_args"]["delta"] * 1000) * batch // 1000)
