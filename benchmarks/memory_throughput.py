@@ -13,9 +13,11 @@ Parts (``--parts``), each printed as a table and written to ``--out`` (JSON):
   (``padding_free``), alternating in one process; the padding share the packed pass avoids.
 - ``trl``: whole GRPO steps, lit_rlft against TRL's ``GRPOTrainer`` (``benchmarks/step_time_vs_trl.py``, the same
   weights, prompts and settings on both sides), gradient checkpointing off on both and on on both; each side in a
-  fresh process, so its peak memory is its own (CPU: peak RSS, including Python and the libraries; GPU: max
-  allocated). Step time, generation share.
-- ``replay``: lit_rlft's step time, uniform against ``ReplayCallback(delta=0.5)`` (half the groups generated).
+  fresh process. Peak memory: on a GPU the max allocated during training; on CPU the rise of the resident set over
+  what the process held when training started (weights loaded, libraries imported), sampled every 10 ms. Step time,
+  generation share.
+- ``replay``: lit_rlft's step time, uniform against ``ReplayCallback(delta=0.5)`` (half the groups generated), with
+  coin-flip rewards: the untrained policy never solves Countdown, and replay needs groups with reward variance.
 
 Medians over ``--repeats``; the two sides of every comparison alternate, so a shared, noisy machine hits both alike.
 The load average is recorded with the results.
@@ -218,7 +220,8 @@ def part_replay(args: argparse.Namespace) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {"uniform": [], "replay": []}
     for r in range(args.repeats):
         for side in (("uniform", "replay") if r % 2 == 0 else ("replay", "uniform")):
-            runs[side].append(_step_time(args, "lit", ["--replay-delta", "0.5"] if side == "replay" else []))
+            extra = ["--reward", "coin", *(["--replay-delta", "0.5"] if side == "replay" else [])]
+            runs[side].append(_step_time(args, "lit", extra))
     out = {side: {k: _median([x[k] for x in v]) for k in ("median_step_s", "median_generation_s")}
            for side, v in runs.items()}
     out["step_ratio_replay_over_uniform"] = out["replay"]["median_step_s"] / out["uniform"]["median_step_s"]

@@ -79,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=None, help="the tiny model's hidden size (default TinyConfig's)")
     p.add_argument("--layers", type=int, default=None, help="the tiny model's decoder layers")
     p.add_argument("--accelerator", default="cpu", choices=["cpu", "gpu"])
+    p.add_argument("--reward", default="countdown", choices=["countdown", "coin"],
+                   help="countdown (0 for an untrained policy) or coin flips (reward variance in every batch)")
     p.add_argument("--bf16", action="store_true", help="bf16-mixed on both sides (GPU)")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "step_time_vs_trl.json"))
     args = p.parse_args(argv)
@@ -101,20 +103,63 @@ def quiet() -> None:
     transformers.logging.disable_progress_bar()
 
 
+class _RSSPeak:
+    """The highest resident set size of this process since :meth:`start`, sampled every 10 ms by a thread."""
+
+    def __init__(self) -> None:
+        self.base = self.peak = 0.0
+        self._stop = None
+
+    @staticmethod
+    def rss_mib() -> float:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+    def start(self) -> None:
+        import threading
+
+        self.stop()
+        self.base = self.peak = self.rss_mib()
+        self._stop = threading.Event()
+
+        def sample(stop: threading.Event) -> None:
+            while not stop.wait(0.01):
+                self.peak = max(self.peak, self.rss_mib())
+
+        threading.Thread(target=sample, args=(self._stop,), daemon=True).start()
+
+    def stop(self) -> float:
+        if self._stop is not None:
+            self._stop.set()
+            self._stop = None
+            self.peak = max(self.peak, self.rss_mib())
+        return self.peak - self.base
+
+
+_RSS = _RSSPeak()
+
+
 def reset_peak_memory(args: argparse.Namespace) -> None:
     if args.accelerator == "gpu":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    else:
+        _RSS.start()
 
 
 def peak_memory(args: argparse.Namespace) -> float:
-    """MiB: CUDA's max allocated since the run started (GPU); else the process's peak RSS, which describes one side
-    only when the process ran that side alone (``--order lit`` or ``--order trl``, as memory_throughput.py does)."""
+    """MiB the training run added at its peak: CUDA's max allocated during it (GPU); on CPU the rise of the process's
+    resident set over what it held when the run started (sampled every 10 ms: model weights already loaded, libraries
+    imported), i.e. activations, gradients, optimizer state, generation caches and the framework's own buffers."""
     if args.accelerator == "gpu":
         return torch.cuda.max_memory_allocated() / 2**20
-    import resource
+    return _RSS.stop()
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+def coin_reward(completions: list[str], **columns: Any) -> list[float]:
+    """1 with probability 1/2 (torch's generator, re-seeded per step by both frameworks): groups with reward
+    variance even for an untrained policy, which replay needs to have anything to replay."""
+    return (torch.rand(len(completions)) < 0.5).float().tolist()
 
 
 def median(xs: list[float]) -> float:
@@ -181,7 +226,8 @@ def run_lit(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[
     module = GRPOModule(
         model=model_dir,
         engine=engine,
-        reward_funcs=["lit_rlft.rewards.countdown_reward"],
+        reward_funcs=["lit_rlft.rewards.countdown_reward" if args.reward == "countdown"
+                      else "benchmarks.step_time_vs_trl.coin_reward"],
         generation=GenerationConfig(num_generations=G, max_completion_length=MAX_NEW, temperature=1.0),
         loss=GRPOLoss(loss_type=args.loss_type, beta=0.0),
         optim=OptimConfig(learning_rate=1e-5, adam_betas=(0.9, 0.99), num_iterations=1, max_grad_norm=1.0,
@@ -236,6 +282,8 @@ def run_trl(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[
 
     def countdown(completions, prompts, nums, target, **kwargs):
         seen_prompts.append(list(prompts[::G]))  # rows arrive grouped: G copies of each prompt in a row
+        if args.reward == "coin":
+            return coin_reward(completions)
         return countdown_reward(completions, nums, target)
 
     countdown.__name__ = "countdown_reward"

@@ -103,8 +103,7 @@ class GRPOModule(L.LightningModule):
         funcs = [resolve_reward(f) for f in (reward_funcs or [])]
         if not funcs:
             raise ValueError("reward_funcs is empty: give at least one, e.g. lit_rlft.rewards.countdown_reward")
-        rewards = RewardRunner(funcs, weights=reward_weights, timeout_s=reward_timeout_s, num_workers=reward_workers,
-                               report=False)  # the step reports every rank's failures
+        rewards = RewardRunner(funcs, weights=reward_weights, timeout_s=reward_timeout_s, num_workers=reward_workers)
         self.tokenizer = load_tokenizer_for(model)
         self.grpo = GRPOStep(engine if engine is not None else HFEngine(), rewards, self.tokenizer,
                              generation=generation, loss=loss, optim=optim, scale_rewards=scale_rewards,

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 from lit_rlft.data.pool import build_pool
 from lit_rlft.data.sources import load_records
 from lit_rlft.data.tasks import Task
+from lit_rlft.lightning.progress import rollout_progress_bar
 from lit_rlft.models.loading import LoRAConfig, apply_lora, load_policy
 from lit_rlft.models.tiny import TinyConfig
 from lit_rlft.step.optim import adamw_with_warmup
@@ -132,6 +133,11 @@ class SFTModule(L.LightningModule):
         loss = self.policy(input_ids=ids, attention_mask=attn, labels=labels).loss
         self.log("sft/loss", loss, prog_bar=True, on_step=True, batch_size=len(batch[0]))
         return loss
+
+    def configure_callbacks(self) -> list[Any]:
+        """Lightning's progress bar without ``Epoch 0/-2`` (see :mod:`lit_rlft.lightning.progress`)."""
+        bar = rollout_progress_bar(self.trainer.progress_bar_callback, 1)
+        return [bar] if bar is not None else []
 
     def configure_optimizers(self) -> Any:
         hp = self.hparams

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -88,6 +89,8 @@ class GRPOStep:
                                      o.micro_batch_size, o.max_grad_norm, o.max_nonfinite_skips,
                                      micro_batch_tokens=o.micro_batch_tokens, padding_free=o.padding_free)
         self.tokenizer = tokenizer
+        if hasattr(rewards, "report"):
+            rewards.report = False  # the step prints every rank's failures itself (RewardFailureLog)
         self.worker = RolloutWorker(engine, rewards, tokenizer, success_threshold)
         self.seeds = StepSeeds(self.generation.seed)
         self.budget = RolloutBudget()
@@ -341,8 +344,6 @@ class GRPOStep:
 
     def _warn(self, message: str) -> None:
         if self.collective.rank == 0:
-            import warnings
-
             warnings.warn(message, UserWarning, stacklevel=3)
 
     # ------------------------------------------------------------------------------------------------ validation
