@@ -121,16 +121,13 @@ def _update(args: argparse.Namespace, policy: Any, rollouts: Any, padding_free: 
     return time.perf_counter() - t0
 
 
-def _rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
-
-
 def child_update(args: argparse.Namespace, checkpointing: bool) -> dict[str, float]:
     """One update in this (fresh) process: its peak memory and seconds."""
     import resource
 
     import torch
+
+    from benchmarks.step_time_vs_trl import rss_mib
 
     torch.set_num_threads(args.threads)
     policy = _policy(args, gradient_checkpointing=checkpointing)
@@ -139,7 +136,7 @@ def child_update(args: argparse.Namespace, checkpointing: bool) -> dict[str, flo
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated() / 2**20
     else:
-        base = _rss_mib()
+        base = rss_mib()
     seconds = _update(args, policy, rollouts)
     peak = (torch.cuda.max_memory_allocated() / 2**20 if args.accelerator == "gpu"
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)

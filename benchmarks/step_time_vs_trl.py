@@ -103,6 +103,12 @@ def quiet() -> None:
     transformers.logging.disable_progress_bar()
 
 
+def rss_mib() -> float:
+    """This process's resident set size now, MiB (Linux)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
 class _RSSPeak:
     """The highest resident set size of this process since :meth:`start`, sampled every 10 ms by a thread."""
 
@@ -110,21 +116,16 @@ class _RSSPeak:
         self.base = self.peak = 0.0
         self._stop = None
 
-    @staticmethod
-    def rss_mib() -> float:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
-
     def start(self) -> None:
         import threading
 
         self.stop()
-        self.base = self.peak = self.rss_mib()
+        self.base = self.peak = rss_mib()
         self._stop = threading.Event()
 
         def sample(stop: threading.Event) -> None:
             while not stop.wait(0.01):
-                self.peak = max(self.peak, self.rss_mib())
+                self.peak = max(self.peak, rss_mib())
 
         threading.Thread(target=sample, args=(self._stop,), daemon=True).start()
 
@@ -132,7 +133,7 @@ class _RSSPeak:
         if self._stop is not None:
             self._stop.set()
             self._stop = None
-            self.peak = max(self.peak, self.rss_mib())
+            self.peak = max(self.peak, rss_mib())
         return self.peak - self.base
 
 

@@ -15,13 +15,14 @@ import pytest
 from tests.conftest import REPO
 
 README = (REPO / "README.md").read_text()
+DESIGN = (REPO / "docs" / "design.md").read_text()
 BIN = Path(sys.executable).parent
 
 
-def _block(tag: str) -> str:
+def _block(tag: str, text: str = README) -> str:
     """The fenced code block right after ``<!-- doctest: <tag> ... -->``."""
-    match = re.search(rf"<!-- doctest: {tag}\b.*?-->\n```\w*\n(.*?)```", README, re.S)
-    assert match, f"no doctest block {tag!r} in README.md"
+    match = re.search(rf"<!-- doctest: {tag}\b.*?-->\n```\w*\n(.*?)```", text, re.S)
+    assert match, f"no doctest block {tag!r}"
     return match.group(1)
 
 
@@ -47,6 +48,13 @@ def test_the_trainer_quick_start_runs(tmp_path):
     (tmp_path / "quickstart.py").write_text(code)
     _run([sys.executable, "quickstart.py"], tmp_path)
     assert {"reward", "dps/effective_ratio", "replay/replayed_groups"} <= _scalars(tmp_path / "runs" / "quickstart")
+
+
+def test_the_plain_pytorch_loop_of_the_design_notes_runs(tmp_path):
+    (tmp_path / "plain.py").write_text(_block("plain", DESIGN))
+    out = _run([sys.executable, "plain.py"], tmp_path)
+    lines = [line.split() for line in out.splitlines() if re.fullmatch(r"\d \S+ \d+", line.strip())]
+    assert [int(x[0]) for x in lines] == [0, 1, 2, 3] and int(lines[-1][2]) > int(lines[0][2])  # steps, budget
 
 
 @pytest.mark.distributed

@@ -13,8 +13,9 @@ import torch
 from torch import Tensor, nn
 
 from lit_rlft.models.sharding import fsdp_no_sync, is_sharded
+from lit_rlft.step.update import clip_grad_norm
 
-__all__ = ["LightningBackend", "clip_grad_norm"]
+__all__ = ["LightningBackend", "no_gradient_sync"]
 
 
 class LightningBackend:
@@ -106,14 +107,3 @@ def no_gradient_sync(policy: nn.Module, ddp_no_sync: Callable[[], AbstractContex
     else:
         with ddp_no_sync() if ddp_no_sync is not None else nullcontext():
             yield
-
-
-def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
-    """``torch.nn.utils.clip_grad_norm_`` over ``params``; the global norm before clipping, also for FSDP2's sharded
-    (DTensor) gradients."""
-    if not params:
-        return 0.0
-    total = torch.nn.utils.clip_grad_norm_(params, max_norm)
-    if hasattr(total, "full_tensor"):
-        total = total.full_tensor()
-    return float(total)

@@ -45,7 +45,7 @@ from lit_rlft.step.distributed import Collective, LocalCollective, padded_shard,
 from lit_rlft.step.metrics import ValidationMetrics, rollout_metrics
 from lit_rlft.step.rewards_report import RewardFailureLog, failure_counts
 from lit_rlft.step.seeding import StepSeeds
-from lit_rlft.step.update import PolicyUpdater, UpdateBackend, sequence_logprobs
+from lit_rlft.step.update import PolicyUpdater, UpdateBackend
 
 __all__ = ["GRPOStep"]
 
@@ -252,7 +252,8 @@ class GRPOStep:
         """
         plan = self.data.plan
         ids = plan.next_batch()
-        self.collective.check_same((ids.tolist(), plan.state_dict()), f"step {self.rollout_step}: the batch plan")
+        if self.collective.is_distributed:  # one process has nothing to compare (and the state is pool-sized)
+            self.collective.check_same((ids.tolist(), plan.state_dict()), f"step {self.rollout_step}: the batch plan")
         return ids
 
     # ------------------------------------------------------------------------------------------------ the step
@@ -290,14 +291,10 @@ class GRPOStep:
         model with the LoRA adapters disabled."""
         if self.loss_fn.beta == 0:
             return None
-        temperature = self.generation.temperature
-        packed, trim = self.updater.padding_free, self.updater.micro_batch_tokens is not None
         if self.reference is not None:
-            return sequence_logprobs(self.reference, rollouts, rows, temperature, self.device, packed=packed,
-                                     trim=trim)[0]
+            return self.updater.model_logprobs(self.reference, rollouts, rows, self.device)[0]
         with self.policy.disable_adapter():
-            return sequence_logprobs(self.policy, rollouts, rows, temperature, self.device, packed=packed,
-                                     trim=trim)[0]
+            return self.updater.model_logprobs(self.policy, rollouts, rows, self.device)[0]
 
     def sync_engine(self) -> None:
         """Make the engine sample from the current weights (no-op for ``HFEngine``; a weight push for vLLM, timed

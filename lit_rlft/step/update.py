@@ -33,10 +33,11 @@ from lit_rlft.core.entropy_control import AdaptiveEntropyCoef
 from lit_rlft.core.loss_masks import entropy_threshold
 from lit_rlft.core.losses import GRPOLoss, LossOutput
 from lit_rlft.core.types import Rollouts
-from lit_rlft.step.batching import padding_share, sequence_logprobs, token_budget_micro_batches
+from lit_rlft.step.batching import padding_share, sequence_logprobs, split_to_count, token_budget_micro_batches
 from lit_rlft.step.distributed import Collective, LocalCollective
 
-__all__ = ["NonFiniteUpdateError", "PolicyUpdater", "TorchBackend", "UpdateBackend", "sequence_logprobs"]
+__all__ = ["NonFiniteUpdateError", "PolicyUpdater", "TorchBackend", "UpdateBackend", "clip_grad_norm",
+           "sequence_logprobs"]
 
 RefLogprobs = Callable[[Rollouts, Tensor], "Tensor | None"]
 """``(rollouts, rows [n]) -> [n, L]`` reference log-probs (or None without a KL penalty)."""
@@ -136,6 +137,15 @@ class PolicyUpdater:
                                           rollouts.completion_mask[rows].sum(1), self.micro_batch_tokens,
                                           self.padding_free)
 
+    def split(self, rollouts: Rollouts, mini_batches: list[Tensor], collective: Collective) -> list[list[Tensor]]:
+        """Each mini-batch's micro-batches, as many on every rank: a token budget can split ranks' rows into
+        different numbers, and every rank must make the same number of forward passes (FSDP2 gathers in each)."""
+        micro = [self.micro_batches(rollouts, mb) for mb in mini_batches]
+        if self.micro_batch_tokens is None or not collective.is_distributed:
+            return micro  # row micro-batches: the same count on every rank (ranks hold equal numbers of rows)
+        counts = np.max(np.asarray(collective.all_gather([len(m) for m in micro])), axis=0)
+        return [split_to_count(m, int(k)) for m, k in zip(micro, counts)]
+
     def weight(self, rollouts: Rollouts, rows: Tensor) -> float:
         """A micro-batch's share of its mini-batch's loss (:meth:`GRPOLoss.micro_batch_weight`)."""
         return self.loss_fn.micro_batch_weight(rollouts.completion_mask[rows], rollouts.truncated[rows])
@@ -143,7 +153,13 @@ class PolicyUpdater:
     def logprobs(self, backend: UpdateBackend, rollouts: Rollouts, rows: Tensor, with_entropy: bool = False,
                  entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
         """``[n, L]`` log-probs (and entropy) of ``rows`` under the backend's model."""
-        return sequence_logprobs(backend.model, rollouts, rows, self.temperature, backend.device, with_entropy,
+        return self.model_logprobs(backend.model, rollouts, rows, backend.device, with_entropy, entropy_grad)
+
+    def model_logprobs(self, model: nn.Module, rollouts: Rollouts, rows: Tensor, device: torch.device,
+                       with_entropy: bool = False, entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
+        """``[n, L]`` log-probs (and entropy) of ``rows`` under ``model``, passed as the training passes are (the
+        temperature, padded or packed, trimmed): also what the reference model's pass uses."""
+        return sequence_logprobs(model, rollouts, rows, self.temperature, device, with_entropy,
                                  packed=self.padding_free, trim=self.micro_batch_tokens is not None,
                                  entropy_grad=entropy_grad)
 
@@ -162,11 +178,11 @@ class PolicyUpdater:
         world = collective.world_size
         N = rollouts.completion_tokens.shape[0]
         single_update = self.num_iterations == 1 and self.num_mini_batches == 1
-        old = None if single_update else self.old_logprobs(rollouts, backend)
+        old = None if single_update else self.old_logprobs(rollouts, backend, collective)
         stats: dict[str, list[float]] = defaultdict(list)
         for _ in range(self.num_iterations):
             perm = torch.randperm(N) if self.num_mini_batches > 1 else torch.arange(N)
-            mini_batches = [self.micro_batches(rollouts, mb) for mb in perm.chunk(self.num_mini_batches)]
+            mini_batches = self.split(rollouts, list(perm.chunk(self.num_mini_batches)), collective)
             local = [[self.weight(rollouts, rows) for rows in micro] for micro in mini_batches]
             sums = [sum(w) for w in local]
             totals = sums if world == 1 else _sum_lists(collective.all_gather(sums))  # global weight per mini-batch
@@ -255,11 +271,11 @@ class PolicyUpdater:
             )
 
     @torch.no_grad()
-    def old_logprobs(self, rollouts: Rollouts, backend: UpdateBackend) -> Tensor:
+    def old_logprobs(self, rollouts: Rollouts, backend: UpdateBackend, collective: Collective | None = None) -> Tensor:
         """``[N, L]`` log-probs of every row under the policy before this update (no gradient)."""
         N = rollouts.completion_tokens.shape[0]
         out = torch.zeros(rollouts.completion_tokens.shape, dtype=torch.float32, device=backend.device)  # [N, L]
-        for rows in self.micro_batches(rollouts, torch.arange(N)):
+        for rows in self.split(rollouts, [torch.arange(N)], collective or LocalCollective())[0]:
             out[rows.to(out.device)] = self.logprobs(backend, rollouts, rows)[0]
         return out
 
@@ -341,8 +357,7 @@ class TorchBackend:
         return nullcontext()
 
     def clip_grad_norm(self, max_norm: float) -> float:
-        params = [p for p in self._model.parameters() if p.grad is not None]
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
+        return clip_grad_norm([p for p in self._model.parameters() if p.grad is not None], max_norm)
 
     def optimizer_step(self) -> None:
         self.optimizer.step()
@@ -354,3 +369,14 @@ class TorchBackend:
 
     def learning_rate(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
+
+
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
+    """``torch.nn.utils.clip_grad_norm_`` over ``params``; the global norm before clipping, also for FSDP2's sharded
+    (DTensor) gradients. Every backend clips with it."""
+    if not params:
+        return 0.0
+    total = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if hasattr(total, "full_tensor"):
+        total = total.full_tensor()
+    return float(total)

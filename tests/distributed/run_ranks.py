@@ -160,6 +160,8 @@ def main() -> None:
     p.add_argument("--resume", default=None)
     p.add_argument("--dump", action="store_true")
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--micro-batch-tokens", type=int, default=None)
+    p.add_argument("--padding-free", action="store_true")
     p.add_argument("--loss", default="", help="GRPOLoss options, key=value,key=value")
     p.add_argument("--val", type=int, default=0, help="held-out prompts, evaluated every 2 steps (0: none)")
     p.add_argument("--engine", choices=["hf", "vllm", "raise-on-rank-1"], default="hf")
@@ -184,7 +186,8 @@ def main() -> None:
         generation=GenerationConfig(num_generations=4, max_completion_length=8),
         loss=GRPOLoss(**dict(_option(kv) for kv in a.loss.split(",") if kv)),
         optim=OptimConfig(learning_rate=1e-3, micro_batch_size=a.micro_batch_size,
-                          gradient_checkpointing=a.gradient_checkpointing),
+                          gradient_checkpointing=a.gradient_checkpointing,
+                          micro_batch_tokens=a.micro_batch_tokens, padding_free=a.padding_free),
         lora=LoRAConfig(r=4, alpha=8) if a.lora else None,
     )
     val = CountdownTask(size=a.val, split="test", seed=1) if a.val else None

@@ -245,6 +245,13 @@ def test_gradient_checkpointing_under_fsdp2_with_lora_gives_the_same_gradients(t
             assert rel <= 1e-6, f"{name}: {rel:.2e}"
 
 
+def test_token_budget_micro_batches_and_packing_under_fsdp2_keep_the_ranks_in_step(tmp_path):
+    """Micro-batches by tokens can differ in number between ranks; under FSDP2 every forward is a collective, so the
+    ranks agree on the count (a rank that ran one forward fewer would hang the run)."""
+    r0, r1 = run(tmp_path, "--strategy", "fsdp2", "--micro-batch-tokens", "30", "--padding-free", "--steps", "3")
+    assert r0["params"] == r1["params"] and len(r0["steps"]) == 3
+
+
 def test_a_reward_raising_on_rank_1_only_is_printed_naming_rank_1_and_the_function(tmp_path):
     result = launch(tmp_path, "--reward", "tests.distributed.helpers.coin_reward_raising_on_rank_1", "--steps", "2",
                     timeout=120, warnings=True)

@@ -21,10 +21,16 @@ def test_the_bar_counts_rollout_steps_of_two_optimizer_steps(tmp_path):
 
 
 def test_rich_drops_the_minus_two_and_custom_bars_are_left_alone():
+    from types import SimpleNamespace
+
     from lit_rlft.lightning.progress import rollout_progress_bar
 
     rich = rollout_progress_bar(RichProgressBar(), 2)
     assert isinstance(rich, RolloutRichProgressBar) and rich.optimizer_steps_per_batch == 2
+    rich._trainer = SimpleNamespace(max_epochs=-1)  # bounded by max_steps: Lightning's bar writes "Epoch 0/-2"
+    assert rich._get_train_description(0).strip() == "Epoch 0"
+    rich._trainer = SimpleNamespace(max_epochs=3)
+    assert rich._get_train_description(0).strip() == "Epoch 0/2"
 
     class Mine(TQDMProgressBar):
         pass

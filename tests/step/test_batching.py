@@ -141,3 +141,21 @@ def test_gradient_checkpointing_gives_the_same_gradients(lora, monkeypatch):
     _assert_same(plain, checkpointed, rtol=1e-6)
     if lora is not None:
         assert all("lora_" in name for name in plain)
+
+
+def test_ranks_run_as_many_token_budget_micro_batches_as_the_rank_that_needs_most():
+    """Under FSDP2 each forward is a collective: a rank whose rows fit in fewer micro-batches splits further."""
+    from lit_rlft.step.batching import split_to_count
+    from tests.step.test_distributed import FakeRanks
+
+    assert [m.tolist() for m in split_to_count([torch.arange(5), torch.arange(5, 7)], 4)] == [[0, 1], [2], [3, 4],
+                                                                                              [5, 6]]
+    roll = _rollouts(B=4)
+    updater = PolicyUpdater(GRPOLoss(), 1.0, micro_batch_tokens=60)
+    rows = torch.arange(12)
+    mine = updater.micro_batches(roll, rows)
+    other = {1: [len(mine) + 3]}  # rank 1's rows needed 3 more micro-batches
+    split = updater.split(roll, [rows], FakeRanks(0, other, world_size=2))[0]
+    assert len(split) == len(mine) + 3 and sorted(torch.cat(split).tolist()) == rows.tolist()
+    same = updater.split(roll, [rows], FakeRanks(0, {1: [1]}, world_size=2))[0]  # this rank needs the most already
+    assert [m.tolist() for m in same] == [m.tolist() for m in mine]
