@@ -8,20 +8,17 @@ Fabric or a plain PyTorch loop:
 - :meth:`StepCallback.before_first_step` (``on_train_start``): every callback is set up; plan the first batch.
 - :meth:`StepCallback.after_step` (``on_train_batch_end``): observe the step's :class:`StepOutput`, plan the next.
 
-Callbacks that reshape a step's batch also implement :class:`RolloutHook` (``on_rollouts``), which the step calls
-between scoring and advantages.
+Callbacks that reshape a step's batch also implement :class:`~lit_rlft.step.context.RolloutHook` (``on_rollouts``),
+which the step calls between scoring and advantages; ``RolloutHook`` is re-exported here for them to subclass.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lightning as L
 
-from lit_rlft.step.context import StepContext, StepOutput
-
-if TYPE_CHECKING:
-    from lit_rlft.core.types import OutcomeRecord, Rollouts
+from lit_rlft.step.context import RolloutHook, StepContext, StepOutput
 
 __all__ = ["RolloutHook", "StepCallback", "step_context"]
 
@@ -56,16 +53,3 @@ class StepCallback(L.Callback):
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.after_step(step_context(pl_module), outputs)
-
-
-class RolloutHook:
-    """Mixin for callbacks that change a step's batch after scoring and before advantages.
-
-    The step calls :meth:`on_rollouts` of every such callback, in callback order, with this rank's ``rollouts`` and
-    the global ``record`` (see :class:`lit_rlft.step.context.RolloutHook` for the contract). Dynamic sampling refills
-    with more rounds of candidates here; replay mixes in stored groups here.
-    """
-
-    def on_rollouts(self, ctx: StepContext, rollouts: Rollouts,
-                    record: OutcomeRecord) -> tuple[Rollouts, OutcomeRecord]:
-        return rollouts, record
