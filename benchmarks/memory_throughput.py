@@ -11,6 +11,9 @@ Parts (``--parts``), each printed as a table and written to ``--out`` (JSON):
   before the update; on a GPU ``torch.cuda.max_memory_allocated`` during it.
 - ``packing``: the time of one update on a batch of very uneven lengths, padded against packed
   (``padding_free``), alternating in one process; the padding share the packed pass avoids.
+- ``packing_memory``: the peak memory of that update, padded against packed, each in a fresh process, with the
+  vocabulary grown to ``--vocab`` (Qwen2.5's 151,936 by default) so that the logits weigh what they weigh in a real
+  model: a packed pass computes logits only where completion tokens are predicted.
 - ``trl``: whole GRPO steps, lit_rlft against TRL's ``GRPOTrainer`` (``benchmarks/step_time_vs_trl.py``, the same
   weights, prompts and settings on both sides), gradient checkpointing off on both and on on both; each side in a
   fresh process. Peak memory: on a GPU the max allocated during training; on CPU the rise of the resident set over
@@ -49,6 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--hidden", type=int, default=256, help="the random Qwen2's hidden size")
     p.add_argument("--layers", type=int, default=8, help="its decoder layers")
+    p.add_argument("--vocab", type=int, default=151936, help="packing_memory: the vocabulary size")
     p.add_argument("--rows", type=int, default=8, help="update: sequences in the update")
     p.add_argument("--completion", type=int, default=1024, help="update: completion tokens per sequence")
     p.add_argument("--prompts", type=int, default=8, help="trl / replay: prompts per step")
@@ -68,7 +72,7 @@ def _device(args: argparse.Namespace) -> str:
     return "cuda" if args.accelerator == "gpu" else "cpu"
 
 
-def _policy(args: argparse.Namespace, gradient_checkpointing: bool = False) -> Any:
+def _policy(args: argparse.Namespace, gradient_checkpointing: bool = False, vocab: int | None = None) -> Any:
     import torch
 
     from lit_rlft.models.loading import build_policy
@@ -78,7 +82,10 @@ def _policy(args: argparse.Namespace, gradient_checkpointing: bool = False) -> A
     torch.manual_seed(0)
     cfg = TinyConfig(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=heads,
                      num_key_value_heads=heads, intermediate_size=4 * args.hidden, head_dim=64)
-    return build_policy("tiny", tiny=cfg, gradient_checkpointing=gradient_checkpointing)[0].to(_device(args)).train()
+    policy = build_policy("tiny", tiny=cfg, gradient_checkpointing=gradient_checkpointing)[0]
+    if vocab is not None:
+        policy.resize_token_embeddings(vocab)
+    return policy.to(_device(args)).train()
 
 
 def _batch(rows: int, prompt: int, completion: int, uneven: bool, seed: int = 0) -> Any:
@@ -121,8 +128,9 @@ def _update(args: argparse.Namespace, policy: Any, rollouts: Any, padding_free: 
     return time.perf_counter() - t0
 
 
-def child_update(args: argparse.Namespace, checkpointing: bool) -> dict[str, float]:
-    """One update in this (fresh) process: its peak memory and seconds."""
+def child_update(args: argparse.Namespace, flag: str) -> dict[str, float]:
+    """One update in this (fresh) process: its peak memory and seconds. ``flag``: ``update-off`` / ``update-on``
+    (gradient checkpointing) or ``packing-padded`` / ``packing-packed`` (the uneven batch of ``packing``)."""
     import resource
 
     import torch
@@ -130,14 +138,18 @@ def child_update(args: argparse.Namespace, checkpointing: bool) -> dict[str, flo
     from benchmarks.step_time_vs_trl import rss_mib
 
     torch.set_num_threads(args.threads)
-    policy = _policy(args, gradient_checkpointing=checkpointing)
-    rollouts = _batch(args.rows, 64, args.completion, uneven=False)
+    if flag.startswith("packing"):
+        policy = _policy(args, vocab=args.vocab)
+        rollouts = _batch(16, 256, 512, uneven=True, seed=1)
+    else:
+        policy = _policy(args, gradient_checkpointing=flag == "update-on")
+        rollouts = _batch(args.rows, 64, args.completion, uneven=False)
     if args.accelerator == "gpu":
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated() / 2**20
     else:
         base = rss_mib()
-    seconds = _update(args, policy, rollouts)
+    seconds = _update(args, policy, rollouts, padding_free=flag == "packing-packed")
     peak = (torch.cuda.max_memory_allocated() / 2**20 if args.accelerator == "gpu"
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     return {"peak_rise_mib": peak - base, "seconds": seconds}
@@ -186,6 +198,21 @@ def part_packing(args: argparse.Namespace) -> dict[str, Any]:
                         f"random Qwen2 hidden {args.hidden}, {args.layers} layers, fp32")}
 
 
+def part_packing_memory(args: argparse.Namespace) -> dict[str, Any]:
+    runs: dict[str, list[dict[str, float]]] = {"padded": [], "packed": []}
+    for r in range(args.repeats):
+        for side in (("padded", "packed") if r % 2 == 0 else ("packed", "padded")):
+            runs[side].append(_child(args, f"packing-{side}"))
+    out: dict[str, Any] = {k: {"peak_rise_mib": _median([x["peak_rise_mib"] for x in v]),
+                               "seconds": _median([x["seconds"] for x in v])} for k, v in runs.items()}
+    out["memory_ratio_packed_over_padded"] = out["packed"]["peak_rise_mib"] / out["padded"]["peak_rise_mib"]
+    out["setting"] = (f"the packing batch (16 sequences, prompts of 8..256, completions of 8..512 tokens), one update, "
+                      f"random Qwen2 hidden {args.hidden}, {args.layers} layers, vocabulary {args.vocab}, fp32"
+                      + (" + bf16 autocast" if args.bf16 else ""))
+    out["raw"] = runs
+    return out
+
+
 def _step_time(args: argparse.Namespace, side: str, extra: list[str]) -> dict[str, Any]:
     out = Path("/tmp") / f"mt_{os.getpid()}_{side}.json"
     cmd = [sys.executable, str(REPO / "benchmarks" / "step_time_vs_trl.py"), "--order", side, "--rounds", "1",
@@ -228,9 +255,10 @@ def part_replay(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
-        print(json.dumps(child_update(args, checkpointing=args.child == "update-on")))
+        print(json.dumps(child_update(args, args.child)))
         return 0
-    parts = {"update": part_update, "packing": part_packing, "trl": part_trl, "replay": part_replay}
+    parts = {"update": part_update, "packing": part_packing, "packing_memory": part_packing_memory, "trl": part_trl,
+             "replay": part_replay}
     results: dict[str, Any] = {"command": "python benchmarks/memory_throughput.py " + " ".join(sys.argv[1:]),
                                "accelerator": args.accelerator, "threads": args.threads}
     for name in args.parts.split(","):

@@ -12,7 +12,9 @@ Notation: ``n`` rows of a micro-batch, ``P`` / ``L`` the batch's prompt / comple
   the longest row (``[n_bins, C]``), positions restarting at each row, from which transformers builds a
   block-diagonal causal mask (sdpa and flash attention; it needs ``use_cache=False`` and no attention mask). Bins,
   rather than one ``[1, T]`` sequence, keep attention at ``C^2`` per bin where no varlen kernel exists (CPU, sdpa).
-  Both return log-probs in the ``[n, L]`` layout.
+  Both return log-probs in the ``[n, L]`` layout. A packed pass computes logits only at the ``sum_i l_i`` positions
+  that predict completion tokens (``[1, sum_i l_i, V]``: a pre-hook on the output embedding gathers them), not at
+  every position of every bin: prompts and bin tails cost no ``V``-wide logits.
 """
 
 from __future__ import annotations
@@ -163,16 +165,41 @@ def _packed_logprobs(model: nn.Module, rollouts: Rollouts, rows: Tensor, tempera
             where.append((b, offset + len(p) - 1, i))  # logits at t predict token t + 1
             offset += n
         position_ids[b, offset:] = torch.arange(capacity - offset)  # the tail: a segment of its own, unused
-    logits = model(input_ids=input_ids.to(device), position_ids=position_ids.to(device), use_cache=False,
-                   logits_to_keep=0).logits  # [n_bins, C, V]
     where.sort(key=lambda w: w[2])  # back to row order
     pos_b = torch.cat([torch.full((len(seqs[i][1]),), b) for b, _, i in where]).to(device)  # [sum l_i]
     pos_t = torch.cat([torch.arange(start, start + len(seqs[i][1])) for _, start, i in where]).to(device)
     targets = torch.cat([seqs[i][1] for _, _, i in where])[None].to(device)  # [1, sum l_i]
-    lp, ent = completion_logprobs(logits[pos_b, pos_t][None], targets, temperature,
-                                  entropy_grad=entropy_grad)  # [1, sum l_i] each
+    logits = _logits_at(model, input_ids.to(device), position_ids.to(device), pos_b, pos_t)  # [1, sum l_i, V]
+    lp, ent = completion_logprobs(logits, targets, temperature, entropy_grad=entropy_grad)  # [1, sum l_i] each
     shape = (len(rows), comps.shape[1])
     mask = c_mask.to(device)  # [n, L]; completions are a prefix of each row
     logprobs = torch.zeros(shape, dtype=lp.dtype, device=device).masked_scatter(mask, lp[0])
     entropy = torch.zeros(shape, dtype=ent.dtype, device=device).masked_scatter(mask, ent[0])
     return logprobs, (entropy if with_entropy else None)
+
+
+def _logits_at(model: nn.Module, input_ids: Tensor, position_ids: Tensor, pos_b: Tensor, pos_t: Tensor) -> Tensor:
+    """Logits ``[1, K, V]`` at the ``K`` positions ``(pos_b[k], pos_t[k])`` of a ``[n_bins, C]`` packed forward.
+
+    A forward pre-hook on the model's output embedding (``get_output_embeddings()``, the ``lm_head``) gathers the
+    hidden states ``[n_bins, C, H] -> [1, K, H]`` before the head runs, so only ``K`` rows of ``V`` logits are ever
+    computed. The hook runs inside the model's own forward, so FSDP2 has the head's parameters gathered, and peft
+    wrappers and tied embeddings are unaffected. A model without an output embedding gets the full logits, gathered.
+    """
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if not isinstance(head, nn.Module):
+        logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=0).logits
+        return logits[pos_b, pos_t][None]  # [1, K, V]
+
+    def gather(_module: nn.Module, args: tuple) -> tuple:
+        return (args[0][pos_b, pos_t][None], *args[1:])  # [n_bins, C, H] -> [1, K, H]
+
+    handle = head.register_forward_pre_hook(gather)
+    try:
+        logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=0).logits
+    finally:
+        handle.remove()
+    if logits.shape[:2] != (1, pos_b.numel()):
+        raise RuntimeError(f"packed pass: the output embedding gave logits of shape {tuple(logits.shape)}, expected "
+                           f"[1, {pos_b.numel()}, V]; the model's forward does not end with its output embedding")
+    return logits

@@ -57,6 +57,25 @@ def test_packed_and_trimmed_log_probs_equal_the_padded_pass():
     assert trimmed.shape == padded[:5].shape
 
 
+@pytest.mark.parametrize("kw", [{}, {"lora": LoRAConfig(r=4, alpha=8), "gradient_checkpointing": True}],
+                         ids=["full", "lora+checkpointing"])
+def test_a_packed_pass_computes_logits_only_where_completion_tokens_are_predicted(kw):
+    """The head sees ``[1, sum l_i, H]``: no logits for prompts or bin tails; values equal the padded pass."""
+    policy, roll = _policy(**kw).train(), _rollouts()
+    rows = torch.arange(12)
+    shapes: list[tuple[int, ...]] = []
+    handle = policy.get_output_embeddings().register_forward_hook(lambda m, a, out: shapes.append(tuple(out.shape)))
+    packed, _ = sequence_logprobs(policy, roll, rows, 0.8, "cpu", packed=True)
+    handle.remove()
+    padded, _ = sequence_logprobs(policy, roll, rows, 0.8, "cpu")
+    vocab = policy.get_output_embeddings().weight.shape[0]
+    assert shapes == [(1, int(roll.completion_mask.sum()), vocab)]
+    m = roll.completion_mask.bool()
+    torch.testing.assert_close(packed[m], padded[m], rtol=1e-5, atol=1e-6)
+    packed[m].sum().backward()  # the gathered hidden states carry the gradient back through the packed forward
+    assert all(p.grad is not None for p in policy.parameters() if p.requires_grad)
+
+
 def _grads(updater: PolicyUpdater, roll: Rollouts, seed: int = 0, ref: bool = False, **policy_kw) -> dict:
     """The gradient of one update (captured before the optimizer step) of a fresh policy."""
     policy = _policy(seed, **policy_kw).train()
