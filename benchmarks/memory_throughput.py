@@ -161,13 +161,20 @@ def _child(args: argparse.Namespace, flag: str) -> dict[str, Any]:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def part_update(args: argparse.Namespace) -> dict[str, Any]:
-    runs: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
+def _fresh_processes(args: argparse.Namespace, part: str,
+                     sides: tuple[str, str]) -> tuple[dict[str, Any], dict[str, list[dict[str, float]]]]:
+    """``--repeats`` fresh-process updates per side (``--child {part}-{side}``), the sides alternating; medians."""
+    runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
     for r in range(args.repeats):
-        for flag in (("off", "on") if r % 2 == 0 else ("on", "off")):
-            runs[flag].append(_child(args, f"update-{flag}"))
-    out = {k: {"peak_rise_mib": _median([x["peak_rise_mib"] for x in v]), "seconds": _median([x["seconds"] for x in v])}
-           for k, v in runs.items()}
+        for side in (sides if r % 2 == 0 else sides[::-1]):
+            runs[side].append(_child(args, f"{part}-{side}"))
+    medians: dict[str, Any] = {k: {"peak_rise_mib": _median([x["peak_rise_mib"] for x in v]),
+                                   "seconds": _median([x["seconds"] for x in v])} for k, v in runs.items()}
+    return medians, runs
+
+
+def part_update(args: argparse.Namespace) -> dict[str, Any]:
+    out, runs = _fresh_processes(args, "update", ("off", "on"))
     out["memory_ratio_on_over_off"] = out["on"]["peak_rise_mib"] / out["off"]["peak_rise_mib"]
     out["time_ratio_on_over_off"] = out["on"]["seconds"] / out["off"]["seconds"]
     out["setting"] = (f"{args.rows} sequences x (64 prompt + {args.completion} completion) tokens, random Qwen2 hidden "
@@ -199,12 +206,7 @@ def part_packing(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def part_packing_memory(args: argparse.Namespace) -> dict[str, Any]:
-    runs: dict[str, list[dict[str, float]]] = {"padded": [], "packed": []}
-    for r in range(args.repeats):
-        for side in (("padded", "packed") if r % 2 == 0 else ("packed", "padded")):
-            runs[side].append(_child(args, f"packing-{side}"))
-    out: dict[str, Any] = {k: {"peak_rise_mib": _median([x["peak_rise_mib"] for x in v]),
-                               "seconds": _median([x["seconds"] for x in v])} for k, v in runs.items()}
+    out, runs = _fresh_processes(args, "packing", ("padded", "packed"))
     out["memory_ratio_packed_over_padded"] = out["packed"]["peak_rise_mib"] / out["padded"]["peak_rise_mib"]
     out["setting"] = (f"the packing batch (16 sequences, prompts of 8..256, completions of 8..512 tokens), one update, "
                       f"random Qwen2 hidden {args.hidden}, {args.layers} layers, vocabulary {args.vocab}, fp32"
