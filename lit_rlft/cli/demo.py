@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -21,7 +22,7 @@ import torch
 from lit_rlft.cli import grpo_cli, sft_cli
 from lit_rlft.reporting import plot_curves, read_scalars
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 LEARNABLE = ("val/accuracy/difficulty_3", "val/accuracy/difficulty_4")
@@ -46,7 +47,11 @@ def _accuracy_table(before: dict[str, float], after: dict[str, float]) -> list[s
     return rows
 
 
-def run(out: Path, threads: int, grpo_steps: int | None, sft_steps: int | None) -> dict:
+def run(out: Path, threads: int, grpo_steps: int | None, sft_steps: int | None,
+        grpo_overrides: Sequence[str] = ()) -> dict:
+    """The demo: warm start (SFT) unless ``out/sft/model`` exists, held-out accuracy, GRPO, held-out accuracy again;
+    ``report.json``, ``report.md`` and ``curves.png`` in ``out``. ``grpo_overrides``: more ``lit-rlft fit``
+    arguments (e.g. a smaller held-out set)."""
     torch.set_num_threads(threads)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -66,7 +71,7 @@ def run(out: Path, threads: int, grpo_steps: int | None, sft_steps: int | None) 
             "--trainer.logger.init_args.version", "demo"]
     if grpo_steps:
         args += ["--trainer.max_steps", str(grpo_steps)]
-    cli = grpo_cli(args, run=False)
+    cli = grpo_cli([*args, *grpo_overrides], run=False)
     t1 = time.perf_counter()
     cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
     before = add_learnable(dict(cli.model.last_eval))
@@ -79,12 +84,12 @@ def run(out: Path, threads: int, grpo_steps: int | None, sft_steps: int | None) 
 
     scalars = read_scalars(grpo_dir / "tb" / "demo")
     plot_curves(scalars, out / "curves.png")
-    report = {"before": before, "after": after, "timings": timings, "steps": cli.model.rollout_step,
-              "budget": cli.model.budget.state_dict()}
+    report = {"before": before, "after": after, "timings": timings, "steps": cli.model.grpo.rollout_step,
+              "budget": cli.model.grpo.budget.state_dict()}
     (out / "report.json").write_text(json.dumps(report, indent=2))
     lines = [
         "# lit_rlft CPU demo: GRPO on Countdown with a tiny policy", "",
-        f"{cli.model.rollout_step} GRPO steps, {cli.model.budget.completions} completions, "
+        f"{cli.model.grpo.rollout_step} GRPO steps, {cli.model.grpo.budget.completions} completions, "
         f"SFT {timings['sft_s']:.0f} s, GRPO {timings['grpo_s']:.0f} s, total {timings['total_s']:.0f} s.", "",
         "Held-out accuracy (mean over samples at the training temperature):", "",
         *_accuracy_table(before, after), "", "![curves](curves.png)", "",

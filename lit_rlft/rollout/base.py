@@ -60,6 +60,10 @@ class RolloutEngine:
     tokenizer once ``GRPOModule.configure_model`` has built (and possibly sharded) them.
     """
 
+    last_sync_bytes: int | None = None
+    """What the last :meth:`sync_weights` pushed, in bytes, for engines that hold weights of their own (vLLM);
+    ``None`` for engines that share the policy (logged as ``perf/weight_sync_mib`` when set)."""
+
     def setup(self, model: nn.Module, tokenizer: Any, sharded: bool = False) -> None:
         """Bind the policy. ``sharded``: the policy is sharded across ranks (FSDP), so every rank must run the same
         number of forward passes while generating."""

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -11,6 +12,8 @@ from torch import Tensor, nn
 from lit_rlft.core.types import left_pad, pad_to
 from lit_rlft.models.sharding import hf_model
 from lit_rlft.rollout.base import FinishReason, GenerationOutput, RolloutEngine, SamplingConfig, stop_token_ids
+
+ChunkT = TypeVar("ChunkT", list[int], Tensor)
 
 
 class HFEngine(RolloutEngine):
@@ -266,14 +269,16 @@ def plan_chunks(lengths: list[int], max_new_tokens: int, max_batch_tokens: int,
     return chunks
 
 
-def split_to(chunks: list[list[int]], count: int) -> list[list[int]]:
-    """``chunks`` split further (the largest halved, first half first) until there are ``count`` of them; empty
-    chunks are appended when there are fewer rows than ``count``. Halving a chunk keeps it within its budget."""
-    out = [list(c) for c in chunks]
+def split_to(chunks: Sequence[ChunkT], count: int) -> list[ChunkT]:
+    """``chunks`` (lists or 1-D tensors of row indices) split further, the largest halved (first half first), until
+    there are ``count`` of them; empty chunks are appended when there are fewer rows than ``count``. Halving a chunk
+    keeps it within its budget. Under a sharded policy every rank must run as many generation calls and training
+    forwards as the rank that needs most: both the engine and the updater bring their chunks to that count here."""
+    out = list(chunks)
     while len(out) < count:
         largest = max(range(len(out)), key=lambda i: len(out[i])) if out else None
         if largest is None or len(out[largest]) < 2:
-            out.append([])
+            out.append(out[0][:0] if out else [])
             continue
         chunk = out[largest]
         half = (len(chunk) + 1) // 2

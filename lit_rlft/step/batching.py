@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from lit_rlft.core.logprobs import completion_logprobs
 from lit_rlft.core.types import Rollouts
 
-__all__ = ["pack_rows", "padding_share", "sequence_logprobs", "split_to_count", "token_budget_micro_batches"]
+__all__ = ["pack_rows", "padding_share", "sequence_logprobs", "token_budget_micro_batches"]
 
 
 def token_budget_micro_batches(rows: Tensor, prompt_lengths: Tensor, completion_lengths: Tensor, budget: int,
@@ -58,23 +58,6 @@ def token_budget_micro_batches(rows: Tensor, prompt_lengths: Tensor, completion_
             out.append([k])
             size, p_max, l_max = p + lc, p, lc
     return [rows[torch.tensor(group, dtype=torch.long)] for group in out]
-
-
-def split_to_count(micro: list[Tensor], count: int) -> list[Tensor]:
-    """``micro`` split further until there are ``count`` micro-batches: the one with the most rows is halved each time.
-
-    Under FSDP2 every forward all-gathers each layer, so every rank must run the same number of micro-batches; a
-    token budget can give ranks different numbers. Halving only lowers a micro-batch's size, so the budget still
-    holds; ``count`` is at most the rows there are (each rank holds the same number of rows).
-    """
-    out = list(micro)
-    while len(out) < count:
-        k = max(range(len(out)), key=lambda i: len(out[i]))
-        if len(out[k]) < 2:
-            raise ValueError(f"cannot split {sum(len(m) for m in micro)} rows into {count} micro-batches")
-        half = (len(out[k]) + 1) // 2
-        out[k : k + 1] = [out[k][:half], out[k][half:]]
-    return out
 
 
 def padding_share(rollouts: Rollouts, micro_batches: list[Tensor], packed: bool, trimmed: bool) -> float:

@@ -89,9 +89,8 @@ class GRPOStep:
                                      o.micro_batch_size, o.max_grad_norm, o.max_nonfinite_skips,
                                      micro_batch_tokens=o.micro_batch_tokens, padding_free=o.padding_free)
         self.tokenizer = tokenizer
-        if hasattr(rewards, "report"):
-            rewards.report = False  # the step prints every rank's failures itself (RewardFailureLog)
         self.worker = RolloutWorker(engine, rewards, tokenizer, success_threshold)
+        self.rewards = rewards  # through the setter: the step reports failures, not the scorer
         self.seeds = StepSeeds(self.generation.seed)
         self.budget = RolloutBudget()
         self.reward_failures = RewardFailureLog()
@@ -158,6 +157,8 @@ class GRPOStep:
 
     @rewards.setter
     def rewards(self, scorer: Callable[..., Any]) -> None:
+        if hasattr(scorer, "report"):
+            scorer.report = False  # the step prints every rank's failures itself (RewardFailureLog)
         self.worker.rewards = scorer
 
     @property
@@ -314,7 +315,7 @@ class GRPOStep:
         metrics.update({f"rewards/{k}": float(v) for k, v in self.reward_failures.totals.items()})
         metrics["time/generation_s"] = self._generation_s
         metrics["time/weight_sync_s"] = self._sync_s
-        if getattr(self.engine, "last_sync_bytes", None) is not None:  # engines with their own weights (vLLM)
+        if self.engine.last_sync_bytes is not None:  # engines with their own weights (vLLM)
             metrics["perf/weight_sync_mib"] = self.engine.last_sync_bytes / 2**20
         metrics["time/step_s"] = seconds
         metrics["time/generation_share"] = self._generation_s / max(seconds, 1e-9)
@@ -355,6 +356,9 @@ class GRPOStep:
                                num_generations=k, pad=True)
         roll = roll.select_groups(torch.arange(valid))
         difficulty = self.data.reward_columns(local_ids[:valid], "val").get("difficulty") if valid else None
+        # The step is not an nn.Module, so no driver's .to(device) reaches its metrics: they follow the policy here
+        # (NCCL syncs their states in validation_results and has no CPU tensors).
+        self.val_metrics.to(self.device)
         self.val_metrics.update(roll.correct, roll.rewards, difficulty)
 
     def validation_results(self) -> dict[str, float]:

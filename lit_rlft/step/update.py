@@ -33,7 +33,8 @@ from lit_rlft.core.entropy_control import AdaptiveEntropyCoef
 from lit_rlft.core.loss_masks import entropy_threshold
 from lit_rlft.core.losses import GRPOLoss, LossOutput
 from lit_rlft.core.types import Rollouts
-from lit_rlft.step.batching import padding_share, sequence_logprobs, split_to_count, token_budget_micro_batches
+from lit_rlft.rollout.hf import split_to
+from lit_rlft.step.batching import padding_share, sequence_logprobs, token_budget_micro_batches
 from lit_rlft.step.distributed import Collective, LocalCollective
 
 __all__ = ["NonFiniteUpdateError", "PolicyUpdater", "TorchBackend", "UpdateBackend", "clip_grad_norm",
@@ -79,6 +80,12 @@ class UpdateBackend(Protocol):
 
     def learning_rate(self) -> float: ...
 
+    @property
+    def scaler_skips_nonfinite(self) -> bool:
+        """A gradient scaler (fp16 mixed precision) skips steps with infinite gradients itself: the updater then
+        leaves them to it instead of counting them as non-finite skips."""
+        ...
+
 
 class PolicyUpdater:
     """``num_iterations x num_mini_batches`` optimizer steps of the GRPO loss over one rollout batch.
@@ -105,7 +112,7 @@ class PolicyUpdater:
     gradient is dropped before the optimizer step: the optimizer steps over no gradient (torch optimizers leave such
     parameters and their state untouched), so step counts and the learning-rate schedule stay on plan and no
     non-finite value reaches the weights. The norm is computed on synced gradients, so every rank decides alike.
-    Under a fp16 ``GradScaler`` (backend attribute ``scaler_skips_nonfinite``) infinite gradients are the scaler's
+    Under a fp16 ``GradScaler`` (``UpdateBackend.scaler_skips_nonfinite``) infinite gradients are the scaler's
     business (it skips the step and lowers its scale) and are left to it.
     """
 
@@ -144,7 +151,7 @@ class PolicyUpdater:
         if self.micro_batch_tokens is None or not collective.is_distributed:
             return micro  # row micro-batches: the same count on every rank (ranks hold equal numbers of rows)
         counts = np.max(np.asarray(collective.all_gather([len(m) for m in micro])), axis=0)
-        return [split_to_count(m, int(k)) for m, k in zip(micro, counts)]
+        return [split_to(m, int(k)) for m, k in zip(micro, counts)]
 
     def weight(self, rollouts: Rollouts, rows: Tensor) -> float:
         """A micro-batch's share of its mini-batch's loss (:meth:`GRPOLoss.micro_batch_weight`)."""
@@ -221,7 +228,7 @@ class PolicyUpdater:
             if out.entropy_stats is not None:
                 entropy_sums += out.entropy_stats.detach().double().cpu()
         norm = backend.clip_grad_norm(self.max_grad_norm if self.max_grad_norm > 0 else math.inf)
-        if math.isfinite(norm) or getattr(backend, "scaler_skips_nonfinite", False):
+        if math.isfinite(norm) or backend.scaler_skips_nonfinite:
             self.skips_in_a_row = 0
             if self.max_grad_norm > 0:
                 stats["grad_norm"].append(norm)
@@ -369,6 +376,10 @@ class TorchBackend:
 
     def learning_rate(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
+
+    @property
+    def scaler_skips_nonfinite(self) -> bool:
+        return False
 
 
 def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:

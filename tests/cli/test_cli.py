@@ -271,6 +271,24 @@ def test_the_readme_demo_before_its_warm_start_says_to_run_sft(capsys, monkeypat
         "`lit-rlft sft --config configs/sft_countdown_tiny.yaml` first")
 
 
+def test_the_demo_runs_end_to_end_and_reports_the_step_and_budget(tmp_path):
+    """``make demo``'s path (shipped configs, SFT, validation, GRPO, report) at one step each and a small held-out
+    set; the report's step count and completions come from the step that ran."""
+    import json
+
+    from lit_rlft.cli.demo import run
+
+    small = ["--data.batch_size", "4", "--data.train.init_args.size", "64", "--data.val.init_args.size", "12",
+             "--data.val_batch_size", "12", "--trainer.val_check_interval", "1"]
+    report = run(tmp_path, threads=1, grpo_steps=1, sft_steps=1, grpo_overrides=small)
+    assert report["steps"] == 1
+    assert report["budget"]["completions"] == 4 * 8  # one step: 4 prompts x 8 completions, nothing else generated
+    assert json.loads((tmp_path / "report.json").read_text())["steps"] == 1
+    md = (tmp_path / "report.md").read_text()
+    assert md.splitlines()[2].startswith("1 GRPO steps, 32 completions")
+    assert "| accuracy | 12 |" in md and (tmp_path / "curves.png").is_file()
+
+
 def test_empty_data_file_is_one_line_naming_the_option_and_file(tmp_path, capsys):
     empty = tmp_path / "train.jsonl"
     empty.write_text("")

@@ -29,10 +29,10 @@ def test_the_gsm8k_smollm2_lora_config_runs_one_step(tmp_path):
     cli = grpo_cli(["--config", str(REPO / "configs" / "gsm8k_smollm2_lora.yaml"), "--trainer.max_steps", "1",
                     "--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.save_dir", str(tmp_path),
                     "--trainer.val_check_interval", "1000", "--data.batch_size", "2",
-                    "--model.max_completion_length", "32"], run=False)
+                    "--model.generation.max_completion_length", "32"], run=False)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert type(cli.model.policy.get_base_model()).__name__ == "LlamaForCausalLM"
-    assert cli.model.rollout_step == 1 and cli.model.budget.completions == 2 * 4
+    assert cli.model.grpo.rollout_step == 1 and cli.model.grpo.budget.completions == 2 * 4
     (events,) = list(tmp_path.glob("tb/*/events.out.tfevents.*"))
     tags = EventAccumulator(str(events)).Reload().Tags()["scalars"]
     assert {"reward", "rewards/gsm8k_reward/mean", "rewards/gsm8k_format_reward/mean"} <= set(tags)
