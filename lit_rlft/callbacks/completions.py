@@ -28,7 +28,7 @@ class CompletionLogger(StepCallback):
 
     def after_step(self, ctx: StepContext, output: StepOutput) -> None:
         step = ctx.rollout_step - 1
-        if step % self.every_n_steps == 0:
+        if step % self.every_n_steps == 0 and ctx.collective.rank == 0:  # only rank 0 writes text
             ctx.log_text("completions", self.table(output.rollouts))
 
     def table(self, rollouts: Any) -> str:

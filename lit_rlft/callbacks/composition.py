@@ -46,11 +46,8 @@ class BatchCompositionLogger(StepCallback):
         self._seen: set[int] = set()  # prompt ids trained on so far
 
     def setup_step(self, ctx: StepContext) -> None:
-        dm = ctx.data
-        if not hasattr(dm, "reward_columns"):
-            raise TypeError("BatchCompositionLogger needs a datamodule with reward_columns (PromptDataModule)")
-        pool = dm.pool("train")
-        values = self._column(pool.rows(np.arange(len(pool))))
+        pool = ctx.data.train_pool
+        values = self._column(ctx.data.reward_columns(pool.ids, "train"))
         self.buckets = sorted(set(values), key=str)
         if len(self.buckets) > MAX_BUCKETS:
             raise ValueError(f"BatchCompositionLogger(column={self.column!r}): the training pool has "

@@ -31,7 +31,7 @@ from torch import nn
 from lit_rlft.callbacks.budget import training_ends
 from lit_rlft.lightning.backend import LightningBackend
 from lit_rlft.lightning.checkpointing import check_checkpoint, is_local_checkpoint_path, use_atomic_checkpoint_io
-from lit_rlft.lightning.module import rollout_hooks
+from lit_rlft.lightning.module import log_text, rollout_hooks
 from lit_rlft.models.sharding import data_parallel_mesh, fully_shard_policy
 from lit_rlft.step.distributed import get_collective
 from lit_rlft.step.optim import configure_adamw
@@ -187,10 +187,7 @@ class FabricLoop:
         self.fabric.log_dict({k: float(v) for k, v in metrics.items()}, step=step)
 
     def _log_text(self, tag: str, text: str, step: int) -> None:
-        for logger in self.fabric.loggers:
-            experiment = getattr(logger, "experiment", None)
-            if hasattr(experiment, "add_text"):
-                experiment.add_text(tag, text, global_step=step)
+        log_text(self.fabric.loggers, tag, text, step)
 
     def _progress_bar(self, start: int) -> Any:
         if not (self.progress_bar and self.fabric.is_global_zero):

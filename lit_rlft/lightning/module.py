@@ -197,10 +197,7 @@ class GRPOModule(L.LightningModule):
         self.log_dict(dict(metrics), on_step=True, on_epoch=False, batch_size=1)
 
     def _log_text(self, tag: str, text: str, step: int) -> None:
-        for logger in self.trainer.loggers:
-            experiment = getattr(logger, "experiment", None)
-            if hasattr(experiment, "add_text"):
-                experiment.add_text(tag, text, global_step=step)
+        log_text(self.trainer.loggers, tag, text, step)
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -218,6 +215,14 @@ class GRPOModule(L.LightningModule):
         model = copy.deepcopy(self.policy).merge_and_unload() if self.lora is not None else self.policy
         model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
+
+
+def log_text(loggers: Sequence[Any], tag: str, text: str, step: int) -> None:
+    """Write ``text`` to every logger that takes text (TensorBoard's ``add_text``), under the Trainer or Fabric."""
+    for logger in loggers:
+        experiment = getattr(logger, "experiment", None)
+        if hasattr(experiment, "add_text"):
+            experiment.add_text(tag, text, global_step=step)
 
 
 def rollout_hooks(callbacks: Sequence[Any]) -> list[RolloutHook]:

@@ -89,3 +89,17 @@ def test_a_plain_pytorch_loop_trains_what_the_trainer_trains(tmp_path):
     assert {**plain, "generation_s": 0} == {**trained, "generation_s": 0}  # everything but wall time
     for (name, a), (_, b) in zip(trainer_module.policy.named_parameters(), plain_module.policy.named_parameters()):
         assert torch.equal(a, b), name
+
+
+def test_a_scorer_set_on_the_step_leaves_failure_reports_to_the_step():
+    """The step prints every rank's reward failures (RewardFailureLog); a RewardRunner set later must not print its
+    own rank-local warning as well."""
+    from lit_rlft.rewards import RewardRunner, countdown_reward
+
+    module = tiny_module()
+    assert module.grpo.rewards.report is False  # the one built with the module
+    runner = RewardRunner([countdown_reward])
+    assert runner.report is True
+    module.grpo.rewards = runner
+    assert runner.report is False and module.grpo.rewards is runner
+    runner.close()
