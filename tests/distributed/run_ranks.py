@@ -41,6 +41,7 @@ class Probe(L.Callback):
         self.rollouts = None
         self.before: dict[str, torch.Tensor] | None = None
         self.after_first: dict[str, torch.Tensor] | None = None
+        self.updater_after_first: dict[str, float] | None = None
 
     def on_fit_start(self, trainer, pl_module):
         if self.dump:
@@ -55,6 +56,7 @@ class Probe(L.Callback):
         r, record = outputs["rollouts"], outputs["record"]
         if self.dump and self.rollouts is None:
             self.rollouts, self.after_first = r, _full_params(pl_module.policy)
+            self.updater_after_first = pl_module.grpo.updater.state_dict()  # the adaptive entropy coefficient
         scheduled = trainer.datamodule.plan.scheduled
         self.steps.append({
             "fresh": sorted(r.prompt_ids[~r.is_replay].tolist()),
@@ -77,7 +79,8 @@ class Probe(L.Callback):
         (self.out / f"rank{self.rank}.json").write_text(json.dumps(result))
         if self.dump:
             torch.save({"rollouts": self.rollouts, "grads": self.grads, "before": self.before,
-                        "after_first_step": self.after_first, "after": params},
+                        "after_first_step": self.after_first, "after": params,
+                        "updater_after_first_step": self.updater_after_first},
                        self.out / f"rank{self.rank}.pt")
 
 

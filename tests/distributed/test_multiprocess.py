@@ -10,6 +10,7 @@ Each run takes about 10 s (mostly imports in two processes).
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -62,6 +63,8 @@ RUNS = {
     "trainer_global_loss": ["--steps", "2", "--micro-batch-size", "3", "--dump", "--loss",
                             "top_entropy_quantile=0.3,entropy_coef=0.01,use_adaptive_entropy=true,"
                             "importance_sampling_level=sequence"],
+    "trainer_entropy_bonus": ["--steps", "1", "--micro-batch-size", "3", "--dump", "--loss",
+                              "entropy_coef=0.05"],
     "fsdp2_lora": ["--strategy", "fsdp2", "--lora", "--callbacks", "dps,replay", "--steps", "4", "--ckpt-every", "2",
                    "--dump"],
     "fabric_fsdp2_lora": ["--launcher", "fabric", "--strategy", "fsdp2", "--lora", "--callbacks", "dps,replay",
@@ -143,12 +146,20 @@ def test_two_ranks_compute_the_one_rank_gradient(runs):
 def test_two_ranks_compute_the_one_rank_gradient_with_batch_wide_loss_terms(runs):
     """The same with the loss terms computed over the whole batch (TRL's names): only the top 30% of the tokens by
     entropy trained (a global quantile; this batch's per-rank quantiles would keep other tokens: a local threshold
-    fails this test), an adaptive entropy bonus (its token count and coefficient global), GSPO's sequence-level
+    fails this test), an adaptive entropy bonus whose measured entropy and next coefficient are global (checked on
+    the updater's state after the step: the bonus itself is off until a first measurement), GSPO's sequence-level
     ratio. (Not ``mask_truncated_completions``: the untrained policy never stops before the length limit, so it
     would mask every token.)"""
     _, out = runs("trainer_global_loss")
     _assert_one_rank_gradient(out, loss=dict(top_entropy_quantile=0.3, entropy_coef=0.01, use_adaptive_entropy=True,
                                              importance_sampling_level="sequence"))
+
+
+def test_two_ranks_compute_the_one_rank_gradient_with_an_entropy_bonus(runs):
+    """A constant entropy bonus acts from the first step: its token count is the global batch's (a per-rank count
+    weighs the two ranks' entropies differently and fails this test)."""
+    _, out = runs("trainer_entropy_bonus")
+    _assert_one_rank_gradient(out, loss=dict(entropy_coef=0.05))
 
 
 def _assert_one_rank_gradient(out: Path, loss: dict | None = None) -> None:
@@ -183,6 +194,11 @@ def _assert_one_rank_gradient(out: Path, loss: dict | None = None) -> None:
         assert torch.equal(d0["grads"][name], d1["grads"][name]), f"{name}: ranks hold different gradients"
         rel = float((g - d0["grads"][name]).norm() / g.norm().clamp(min=1e-30))
         assert rel <= 1e-6, f"{name}: 2-rank gradient differs from the 1-rank one by {rel:.2e} (relative)"
+    state = module.grpo.updater.state_dict()  # the adaptive entropy coefficient and the entropy it measured
+    for d in (d0, d1):
+        assert d["updater_after_first_step"].keys() == state.keys()
+        for key, value in state.items():
+            assert math.isclose(d["updater_after_first_step"][key], value, rel_tol=1e-6), (key, value)
     for name, p in module.policy.named_parameters():
         mask = grads[name].abs() > 1e-5
         diff = (p.detach() - d0["after_first_step"][name]).abs()[mask]
