@@ -73,7 +73,10 @@ def test_a_packed_pass_computes_logits_only_where_completion_tokens_are_predicte
     m = roll.completion_mask.bool()
     torch.testing.assert_close(packed[m], padded[m], rtol=1e-5, atol=1e-6)
     packed[m].sum().backward()  # the gathered hidden states carry the gradient back through the packed forward
-    assert all(p.grad is not None for p in policy.parameters() if p.requires_grad)
+    packed_grads = {n: p.grad.clone() for n, p in policy.named_parameters() if p.requires_grad}
+    policy.zero_grad()
+    sequence_logprobs(policy, roll, rows, 0.8, "cpu")[0][m].sum().backward()
+    _assert_same({n: p.grad for n, p in policy.named_parameters() if p.requires_grad}, packed_grads, rtol=1e-5)
 
 
 def _grads(updater: PolicyUpdater, roll: Rollouts, seed: int = 0, ref: bool = False, **policy_kw) -> dict:
@@ -114,6 +117,20 @@ def test_a_packed_update_equals_the_padded_one_with_replay_and_kl(loss):
     padded = _grads(PolicyUpdater(loss, 1.0, micro_batch_size=5), roll, ref=loss.beta > 0)
     packed = _grads(PolicyUpdater(loss, 1.0, micro_batch_size=5, padding_free=True), roll, ref=loss.beta > 0)
     _assert_same(padded, packed, rtol=1e-5)
+
+
+@pytest.mark.parametrize("loss", [GRPOLoss(loss_type="dapo", entropy_coef=0.05),
+                                  GRPOLoss(loss_type="grpo", entropy_coef=0.05, top_entropy_quantile=0.5),
+                                  GRPOLoss(loss_type="dapo", top_entropy_quantile=0.5)],
+                         ids=["dapo+bonus", "grpo+bonus+quantile", "dapo+quantile"])
+def test_micro_batches_give_the_whole_batch_update_with_batch_wide_entropy_terms(loss):
+    """The entropy bonus's token count and the top-entropy threshold are the mini-batch's, not each micro-batch's:
+    the updater's own path (a per-micro-batch count or threshold fails this). Not bnpo: its per-micro-batch
+    normalisation is its definition."""
+    roll = _rollouts()
+    whole = _grads(PolicyUpdater(loss, 1.0), roll)
+    micro = _grads(PolicyUpdater(loss, 1.0, micro_batch_size=5), roll)
+    _assert_same(whole, micro, rtol=1e-5)
 
 
 @pytest.mark.parametrize("packed", [False, True])
