@@ -352,7 +352,16 @@ def test_every_loss_variant_trains_from_the_command_line(tmp_path, name):
     overlong = {"class_path": "lit_rlft.rewards.SoftOverlongPunishment",
                 "init_args": {"max_completion_length": 8, "soft_punish_cache": 4}}
     cfg = _edited(tmp_path, lambda c: c["model"].update(reward_funcs=["lit_rlft.rewards.countdown_reward", overlong]))
-    main(["fit", "--config", cfg, "--trainer.max_steps", "1", *LOSS_VARIANTS[name]])
+    from lit_rlft.cli import grpo_cli
+
+    args = LOSS_VARIANTS[name]
+    cli = grpo_cli(["fit", "--config", cfg, "--trainer.max_steps", "1", *args])
+    trained = cli.model.grpo.updater.loss_fn  # the loss the update ran with carries every option given
+    for option, text in zip(args[::2], args[1::2]):
+        field = option.removeprefix("--model.loss.")
+        actual = getattr(trained, field)
+        expected = text == "true" if isinstance(actual, bool) else type(actual)(text)
+        assert actual == expected, (field, actual, text)
     (events,) = list(tmp_path.glob("tb/version_0/events.out.tfevents.*"))
     tags = set(EventAccumulator(str(events), size_guidance={"scalars": 0}).Reload().Tags()["scalars"])
     assert {"loss", "kl", "rewards/soft_overlong_punishment/mean"} <= tags
