@@ -27,10 +27,25 @@ from lit_rlft.callbacks import (
 from lit_rlft.core.types import OutcomeRecord, Rollouts
 from lit_rlft.models.tiny import TinyConfig, char_tokenizer, tiny_qwen2
 from lit_rlft.step import LocalCollective, RolloutBudget, StepContext, StepOutput
-from lit_rlft.step.context import RolloutHook
+from lit_rlft.step.context import PromptData, RolloutHook
 from tests.conftest import TINY_SMALL, countdown_dm
 
 G, L_MAX = 4, 6
+
+
+PROMPT_DATA = {n for n in (*PromptData.__annotations__, *vars(PromptData)) if not n.startswith("_")}
+
+
+class DataOnly:
+    """A ``PromptDataModule`` seen through :class:`PromptData` only: a member the Protocol does not declare raises."""
+
+    def __init__(self, dm):
+        self._dm = dm
+
+    def __getattr__(self, name: str):
+        if name not in PROMPT_DATA:
+            raise AttributeError(f"{name!r} is not a PromptData member (declared: {sorted(PROMPT_DATA)})")
+        return getattr(self._dm, name)
 
 
 class FakeContext:
@@ -38,9 +53,10 @@ class FakeContext:
 
     def __init__(self, tmp_path: Path, ends_at: int = 10**9):
         self.tokenizer = char_tokenizer()
-        self.data = countdown_dm(size=48, batch_size=4)
-        self.data.setup("fit")
-        self.data.set_tokenizer(self.tokenizer)
+        dm = countdown_dm(size=48, batch_size=4)
+        dm.setup("fit")
+        dm.set_tokenizer(self.tokenizer)
+        self.data = DataOnly(dm)
         self.policy = tiny_qwen2(self.tokenizer, TinyConfig(**TINY_SMALL))
         self.rollout_step, self.num_generations = 0, G
         self.collective, self.budget = LocalCollective(), RolloutBudget()
@@ -48,6 +64,8 @@ class FakeContext:
         self.device = torch.device("cpu")
         self.log_dir = str(tmp_path)
         self.logged: dict[str, float] = {}
+        self.history: list[dict[str, float]] = []  # every log call, in order
+        self.planned: list[np.ndarray | None] = []  # the plan's scheduled batch after each step's callbacks
         self.texts: dict[str, str] = {}
         self.gen = torch.Generator().manual_seed(0)
         self.ends_at = ends_at
@@ -73,6 +91,7 @@ class FakeContext:
 
     def log(self, metrics: Mapping[str, float]) -> None:
         self.logged.update(metrics)
+        self.history.append(dict(metrics))
 
     def log_text(self, tag: str, text: str) -> None:
         self.texts[tag] = text
@@ -97,6 +116,8 @@ def _drive(ctx: FakeContext, callbacks: list, steps: int = 3) -> list[StepOutput
         out = StepOutput(step=ctx.rollout_step - 1, rollouts=rollouts, record=record)
         for cb in callbacks:
             cb.after_step(ctx, out)
+        scheduled = ctx.data.plan.scheduled
+        ctx.planned.append(None if scheduled is None else np.array(scheduled))
         outs.append(out)
     return outs
 
@@ -123,7 +144,8 @@ def test_each_selection_callback_plans_from_the_context_alone(tmp_path, name):
     cb = SELECTION[name](tmp_path)
     outs = _drive(ctx, [cb])
     for t in range(len(outs) - 1):  # step t+1 trained what the callback planned after step t
-        assert len(outs[t + 1].record.prompt_ids) == 4
+        assert ctx.planned[t] is not None and len(ctx.planned[t]) == 4
+        assert outs[t + 1].record.prompt_ids.tolist() == ctx.planned[t].tolist()
     assert ctx.data.plan.scheduled is not None and len(ctx.data.plan.scheduled) == 4
     assert f"{cb.name}/effective_ratio" in ctx.logged
     if name == "dps":
@@ -139,6 +161,16 @@ def test_replay_and_dynamic_sampling_reshape_batches_through_the_context(tmp_pat
     assert ctx.data.plan.batch_size == 2  # replay shrank the fresh share
     assert any(bool(o.rollouts.is_replay.any()) for o in outs[1:])  # stored groups came back
     assert "dynamic_sampling/rounds" in ctx.logged and "replay/buffer_size" in ctx.logged
+
+    ctx = FakeContext(tmp_path)  # dynamic sampling alone: every trained group has a reward spread
+    outs = _drive(ctx, [DynamicSamplingCallback(max_rounds=10)], steps=6)
+    rounds = [m for m in ctx.history if "dynamic_sampling/rounds" in m]
+    assert len(rounds) == 6 and all(m["dynamic_sampling/filled"] == 1.0 for m in rounds)
+    for out in outs:
+        trained = out.record.trained_batch()
+        assert trained.num_groups == 4 and bool((trained.rewards.std(dim=1) > 0).all())
+    extra_groups = sum(m["dynamic_sampling/rolled_out_groups"] - 4 for m in rounds)  # beyond each first round
+    assert extra_groups > 0 and ctx.budget.by_purpose["dynamic_sampling"] == extra_groups * G
 
 
 def test_loggers_budget_stop_and_recorder_use_the_context_only(tmp_path):
