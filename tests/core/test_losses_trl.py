@@ -174,7 +174,8 @@ def _check(stub, loss_fn, seeds=(0, 1, 2), vllm_mode=None, clip_max=3.0, **lit_k
             torch.testing.assert_close(lit_grad_ent, grad_ent, **TOL)
         for key in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "cispo_clip_ratio",
                     "vespo/phi_seq_mean", "kl"):
-            if key in stub._metrics["train"] and key in out.metrics:
+            assert (key in stub._metrics["train"]) == (key in out.metrics), f"{key}: logged by one side only"
+            if key in out.metrics:
                 torch.testing.assert_close(out.metrics[key].item(), stub._metrics["train"][key][-1], **TOL)
         if "policy_loss" in out.metrics:
             torch.testing.assert_close(out.metrics["policy_loss"].item(), stub._metrics["train"]["policy_loss"][-1],
