@@ -263,9 +263,12 @@ def test_gradient_checkpointing_under_fsdp2_with_lora_gives_the_same_gradients(t
 
 def test_token_budget_micro_batches_and_packing_under_fsdp2_keep_the_ranks_in_step(tmp_path):
     """Micro-batches by tokens can differ in number between ranks; under FSDP2 every forward is a collective, so the
-    ranks agree on the count (a rank that ran one forward fewer would hang the run)."""
-    r0, r1 = run(tmp_path, "--strategy", "fsdp2", "--micro-batch-tokens", "30", "--padding-free", "--steps", "3")
+    ranks agree on the count (a rank that ran one forward fewer would hang the run); the first step's gradient is
+    the one of 1 rank updating on the whole batch with row micro-batches and padded passes."""
+    r0, r1 = run(tmp_path, "--strategy", "fsdp2", "--micro-batch-tokens", "30", "--padding-free", "--steps", "3",
+                 "--dump")
     assert r0["params"] == r1["params"] and len(r0["steps"]) == 3
+    _assert_one_rank_gradient(tmp_path)
 
 
 def test_a_reward_raising_on_rank_1_only_is_printed_naming_rank_1_and_the_function(tmp_path):
