@@ -17,11 +17,12 @@ from torch import Tensor, nn
 from lit_rlft.models.sharding import hf_model
 
 
-def hf_weights(policy: nn.Module) -> Iterator[tuple[str, Tensor]]:
+def hf_weights(policy: nn.Module, merge_lora: bool = True) -> Iterator[tuple[str, Tensor]]:
     """``(name, tensor)`` of every weight of the HF model inside ``policy``, LoRA merged (see the module docstring).
 
     Tensors are detached, whole, on the policy's device; merged LoRA weights are new tensors, the others are the
-    parameters themselves (do not modify them).
+    parameters themselves (do not modify them). ``merge_lora=False``: the frozen base weights as they are (what an
+    engine that applies the adapters itself loads).
     """
     model = hf_model(policy)
     state = model.state_dict()
@@ -29,8 +30,8 @@ def hf_weights(policy: nn.Module) -> Iterator[tuple[str, Tensor]]:
         if ".lora_" in key or key.endswith(".lora_magnitude_vector"):
             continue
         name = key.replace(".base_layer.", ".")
-        tensor = _full(value).detach()
-        if ".base_layer.weight" in key:
+        tensor = whole(value).detach()
+        if merge_lora and ".base_layer.weight" in key:
             tensor = tensor + _lora_delta(model, key[: -len(".base_layer.weight")], state).to(tensor.dtype)
         yield name, tensor
 
@@ -45,7 +46,8 @@ def hf_weight_shapes(policy: nn.Module) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def _full(t: Tensor) -> Tensor:
+def whole(t: Tensor) -> Tensor:
+    """``t`` whole: an FSDP2 shard (DTensor) gathered from every rank (a collective), any other tensor as it is."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
@@ -54,8 +56,8 @@ def _lora_delta(model: nn.Module, prefix: str, state: dict[str, Tensor]) -> Tens
     layer = model.get_submodule(prefix)
     delta = None
     for adapter in getattr(layer, "active_adapters", ["default"]):
-        a = _full(state[f"{prefix}.lora_A.{adapter}.weight"]).float()  # [r, in]
-        b = _full(state[f"{prefix}.lora_B.{adapter}.weight"]).float()  # [out, r]
+        a = whole(state[f"{prefix}.lora_A.{adapter}.weight"]).float()  # [r, in]
+        b = whole(state[f"{prefix}.lora_B.{adapter}.weight"]).float()  # [out, r]
         part = (b @ a) * float(layer.scaling[adapter])  # [out, in]
         if getattr(layer, "fan_in_fan_out", False):
             part = part.T
@@ -65,7 +67,7 @@ def _lora_delta(model: nn.Module, prefix: str, state: dict[str, Tensor]) -> Tens
     return delta
 
 
-def save_hf_checkpoint(policy: nn.Module, path: str) -> None:
+def save_hf_checkpoint(policy: nn.Module, path: str, merge_lora: bool = True) -> None:
     """Write :func:`hf_weights` (safetensors) and the model's config and generation config to ``path``."""
     from pathlib import Path
 
@@ -74,7 +76,7 @@ def save_hf_checkpoint(policy: nn.Module, path: str) -> None:
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     model = hf_model(policy)
-    weights = {name: t.to("cpu").contiguous().clone() for name, t in hf_weights(policy)}
+    weights = {name: t.to("cpu").contiguous().clone() for name, t in hf_weights(policy, merge_lora)}
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     model.config.save_pretrained(out)
     generation = getattr(model, "generation_config", None)

@@ -49,7 +49,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_rlft.core.types import pad_to
-from lit_rlft.models.export import hf_weight_shapes, hf_weights, save_hf_checkpoint
+from lit_rlft.models.export import hf_weight_shapes, hf_weights, save_hf_checkpoint, whole
 from lit_rlft.models.sharding import hf_model
 from lit_rlft.rollout.base import FinishReason, GenerationOutput, RolloutEngine, SamplingConfig, stop_token_ids
 
@@ -387,28 +387,14 @@ def adapter_weights(policy: nn.Module, dtype: torch.dtype) -> dict[str, Tensor]:
     """The active adapter's tensors under peft's saved names (``base_model.model.<module>.lora_A.weight``
     ``[r, in]``, ``...lora_B.weight`` ``[out, r]``), whole (FSDP2 shards gathered: every rank must call it at the same
     time), on the CPU in ``dtype``."""
-    return {k: _full(v).detach().to("cpu", dtype).contiguous() for k, v in _adapter_state(policy).items()}
+    return {k: whole(v).detach().to("cpu", dtype).contiguous() for k, v in _adapter_state(policy).items()}
 
 
 def save_base_checkpoint(policy: nn.Module, path: str) -> None:
     """Write the HF model inside ``policy`` *without* its adapters (the frozen base vLLM applies them to) and its
     config: ``base_layer`` dropped from the names, LoRA tensors left out, FSDP2 shards gathered, tied weights under
     both names."""
-    model = hf_model(policy)
-    weights = {}
-    for key, value in model.state_dict().items():
-        if ".lora_" in key or key.endswith(".lora_magnitude_vector"):
-            continue
-        weights[key.replace(".base_layer.", ".")] = _full(value).detach().to("cpu").contiguous().clone()
-    _save_safetensors(weights, os.path.join(path, "model.safetensors"))
-    model.config.save_pretrained(path)
-    generation = getattr(model, "generation_config", None)
-    if generation is not None:
-        generation.save_pretrained(path)
-
-
-def _full(t: Tensor) -> Tensor:
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
+    save_hf_checkpoint(policy, path, merge_lora=False)
 
 
 def _save_safetensors(tensors: dict[str, Tensor], path: str) -> None:

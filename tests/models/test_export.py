@@ -42,3 +42,15 @@ def test_saved_checkpoint_loads_back_as_the_merged_model(tmp_path):
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     with torch.no_grad():
         assert torch.allclose(loaded(input_ids=ids).logits, policy(input_ids=ids).logits, atol=1e-5)
+
+
+def test_the_base_checkpoint_holds_the_frozen_base_without_the_adapters(tmp_path):
+    """``merge_lora=False`` (what VLLMEngine's adapter sync loads): every base weight as it is, nothing merged."""
+    from safetensors.torch import load_file
+
+    policy = _lora_policy()
+    save_hf_checkpoint(policy, str(tmp_path), merge_lora=False)
+    saved = load_file(str(tmp_path / "model.safetensors"))
+    base = copy.deepcopy(policy).unload().state_dict()  # the base model, adapters dropped unmerged
+    assert saved.keys() == base.keys() and not any("lora_" in k for k in saved)
+    assert all(torch.equal(saved[n], base[n]) for n in saved)
