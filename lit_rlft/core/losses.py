@@ -39,7 +39,7 @@ from lit_rlft.core.aggregations import (
     token_mean,
 )
 from lit_rlft.core.loss_masks import LOSS_MASKS, MaskInput, loss_token_mask
-from lit_rlft.core.surrogates import SURROGATES, Surrogate, SurrogateInput
+from lit_rlft.core.surrogates import SURROGATES, Surrogate, SurrogateInput, level_mean
 
 __all__ = [
     "AGGREGATIONS",
@@ -123,12 +123,6 @@ class LossOutput:
     entropy_stats: Tensor | None = None
     """``[2]`` detached (sum of the entropy over the entropy-bonus tokens, their count) when ``entropy`` was given:
     sum it over micro-batches and ranks for :meth:`AdaptiveEntropyCoef.update`'s global mean."""
-
-
-def _masked_mean(x: Tensor, valid: Tensor) -> Tensor:
-    """Mean of ``x [N, L]`` over ``valid [N, L]`` positions (0 when there are none), detached ``[]``."""
-    x = torch.where(valid, x.float(), torch.zeros((), dtype=torch.float32, device=x.device))
-    return (x.sum() / valid.sum().clamp(min=1)).detach()
 
 
 def _masked_log_ratio_sum(old: Tensor, mu: Tensor, valid: Tensor) -> Tensor:
@@ -381,15 +375,15 @@ class GRPOLoss:
             prefix = "sampling/importance_sampling_ratio"
             inf = torch.tensor(float("inf"), device=staleness.device)
             metrics[f"{prefix}/min"] = torch.where(rows, staleness, inf).amin().detach()
-            metrics[f"{prefix}/mean"] = _masked_mean(staleness, rows)
+            metrics[f"{prefix}/mean"] = level_mean(staleness, rows)
             metrics[f"{prefix}/max"] = torch.where(rows, staleness, -inf).amax().detach()
-            metrics[f"{prefix}/capped_frac"] = _masked_mean(capped, rows)
+            metrics[f"{prefix}/capped_frac"] = level_mean(capped, rows)
         fresh = valid & ~replayed[:, None]  # fresh tokens
         if bool(fresh.any()) and replay_mask is not None:
             diff = (old - mu).abs()  # [N, L]
-            metrics["sampling/sampling_logp_difference/mean"] = _masked_mean(diff, fresh)
+            metrics["sampling/sampling_logp_difference/mean"] = level_mean(diff, fresh)
             metrics["sampling/sampling_logp_difference/max"] = torch.where(fresh, diff, 0.0).amax().detach()
-            metrics["sampling/mismatch_corrected_frac"] = _masked_mean(corrected, fresh)
+            metrics["sampling/mismatch_corrected_frac"] = level_mean(corrected, fresh)
         return base, weight, metrics
 
     def __call__(
@@ -495,7 +489,7 @@ class GRPOLoss:
             kl = k3_kl(logp, clean(ref_logprobs.detach()))  # [N, L]
             if self.use_bias_correction_kl:
                 kl = kl * ratio
-            metrics["kl"] = _masked_mean(kl, valid)
+            metrics["kl"] = level_mean(kl, valid)
             if self.beta > 0:
                 per_token = per_token + self.beta * kl  # [N, L]
 
@@ -516,7 +510,7 @@ class GRPOLoss:
                 metrics["policy_loss"] = loss.detach()
                 loss = loss - coef * (entropy_sum / denominator)
             if "high_entropy" in applied:
-                metrics["entropy/high_entropy_token_frac"] = _masked_mean(applied["high_entropy"], valid)
+                metrics["entropy/high_entropy_token_frac"] = level_mean(applied["high_entropy"], valid)
         if "off_policy" in applied:
             metrics["sampling/off_policy_masked_frac"] = (~applied["off_policy"]).float().mean().detach()
         metrics.update(sur.metrics)
