@@ -105,12 +105,8 @@ class HFEngine(RolloutEngine):
         """Chunks of rows sorted by prompt length within ``max_batch_tokens``; results put back in row order."""
         plan = plan_chunks([len(r) for r in rows], sampling.max_new_tokens, self.max_batch_tokens,
                            self.max_batch_size)
-        if self.synced and torch.distributed.is_available() and torch.distributed.is_initialized():
-            # every rank must call generate (a collective under FSDP) as often as the others
-            device = next(self.model.parameters()).device
-            count = torch.tensor([len(plan)], device=device)
-            torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
-            plan = split_to(plan, int(count.item()))
+        # every rank must call generate (a collective under FSDP) as often as the others
+        plan = split_to(plan, self._max_over_ranks(len(plan), next(self.model.parameters()).device))
         n = len(rows)
         parts = []
         for chunk in plan:
@@ -237,11 +233,15 @@ class HFEngine(RolloutEngine):
 
     def _any_rank(self, flag: bool, device: torch.device) -> bool:
         """``flag`` on any rank (a collective when the policy is sharded; just ``flag`` otherwise)."""
+        return bool(self._max_over_ranks(int(flag), device))
+
+    def _max_over_ranks(self, value: int, device: torch.device) -> int:
+        """The largest ``value`` of all ranks (a collective when the policy is sharded; just ``value`` otherwise)."""
         if not (self.synced and torch.distributed.is_available() and torch.distributed.is_initialized()):
-            return flag
-        value = torch.tensor([int(flag)], device=device)
-        torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
-        return bool(value.item())
+            return value
+        out = torch.tensor([value], device=device)
+        torch.distributed.all_reduce(out, op=torch.distributed.ReduceOp.MAX)
+        return int(out.item())
 
 
 def plan_chunks(lengths: list[int], max_new_tokens: int, max_batch_tokens: int,
