@@ -186,6 +186,9 @@ class PolicyUpdater:
         N = rollouts.completion_tokens.shape[0]
         single_update = self.num_iterations == 1 and self.num_mini_batches == 1
         old = None if single_update else self.old_logprobs(rollouts, backend, collective)
+        if ref_logprobs is not None and self.num_iterations > 1:  # the frozen reference's pass once, not per pass
+            ref_all = self._every_row(ref_logprobs, rollouts, collective)
+            ref_logprobs = None if ref_all is None else (lambda _rollouts, rows: ref_all[rows.to(ref_all.device)])
         stats: dict[str, list[float]] = defaultdict(list)
         for _ in range(self.num_iterations):
             perm = torch.randperm(N) if self.num_mini_batches > 1 else torch.arange(N)
@@ -280,10 +283,22 @@ class PolicyUpdater:
     @torch.no_grad()
     def old_logprobs(self, rollouts: Rollouts, backend: UpdateBackend, collective: Collective | None = None) -> Tensor:
         """``[N, L]`` log-probs of every row under the policy before this update (no gradient)."""
-        N = rollouts.completion_tokens.shape[0]
-        out = torch.zeros(rollouts.completion_tokens.shape, dtype=torch.float32, device=backend.device)  # [N, L]
-        for rows in self.split(rollouts, [torch.arange(N)], collective or LocalCollective())[0]:
-            out[rows.to(out.device)] = self.logprobs(backend, rollouts, rows)[0]
+        out = self._every_row(lambda r, rows: self.logprobs(backend, r, rows)[0], rollouts,
+                              collective or LocalCollective(), torch.float32)
+        return out if out is not None else torch.zeros(rollouts.completion_tokens.shape, device=backend.device)
+
+    def _every_row(self, per_rows: RefLogprobs, rollouts: Rollouts, collective: Collective,
+                   dtype: torch.dtype | None = None) -> Tensor | None:
+        """``[N, L]``: ``per_rows(rollouts, rows)`` ``[n, L]`` over this rank's micro-batches, as many on every rank
+        (a sharded model's forwards are collectives); None when ``per_rows`` gives None (or there are no rows)."""
+        out = None
+        for rows in self.split(rollouts, [torch.arange(rollouts.completion_tokens.shape[0])], collective)[0]:
+            part = per_rows(rollouts, rows)  # [n, L]
+            if part is None:
+                return None
+            if out is None:
+                out = torch.zeros(rollouts.completion_tokens.shape, dtype=dtype or part.dtype, device=part.device)
+            out[rows.to(out.device)] = part
         return out
 
     def _loss(self, rollouts: Rollouts, rows: Tensor, advantages: Tensor, old: Tensor | None,

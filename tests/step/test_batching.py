@@ -103,6 +103,31 @@ def _grads(updater: PolicyUpdater, roll: Rollouts, seed: int = 0, ref: bool = Fa
     return captured
 
 
+def test_the_reference_pass_runs_once_per_row_however_many_iterations():
+    """With num_iterations > 1 the frozen reference's log-probs are computed once per row (one pass over the
+    micro-batches), and the update equals one whose reference log-probs come from a single whole-batch pass."""
+    roll, loss = _rollouts(), GRPOLoss(loss_type="grpo", beta=0.04)
+    reference = _policy(1).eval()
+    calls: list[list[int]] = []
+
+    def per_rows(rollouts, rows):
+        calls.append(rows.tolist())
+        with torch.no_grad():
+            return sequence_logprobs(reference, rollouts, rows, 1.0, "cpu")[0]
+
+    with torch.no_grad():
+        whole = sequence_logprobs(reference, roll, torch.arange(12), 1.0, "cpu")[0]  # [12, L]
+    results = []
+    for ref in (per_rows, lambda rollouts, rows: whole[rows]):
+        policy = _policy(0).train()
+        backend = TorchBackend(policy, torch.optim.SGD(policy.parameters(), lr=0.1))
+        PolicyUpdater(loss, 1.0, num_iterations=2, num_mini_batches=2, micro_batch_size=5).update(
+            roll, torch.randn(12, generator=torch.Generator().manual_seed(1)), backend, ref_logprobs=ref)
+        results.append({n: p.detach().clone() for n, p in policy.named_parameters()})
+    assert sorted(r for c in calls for r in c) == list(range(12)) and len(calls) == 3  # 12 rows in micro-batches of 5
+    _assert_same(results[1], results[0], rtol=1e-6)
+
+
 def _assert_same(a: dict, b: dict, rtol: float) -> None:
     assert a.keys() == b.keys() and a
     for name in a:
