@@ -9,7 +9,8 @@ from lit_rlft.callbacks.base import RolloutHook
 from lit_rlft.callbacks.budget import RolloutBudgetStop
 from lit_rlft.callbacks.completions import CompletionLogger
 from lit_rlft.callbacks.composition import BatchCompositionLogger
-from lit_rlft.callbacks.dots import DifficultyPredictorConfig, DOTSCallback
+from lit_rlft.callbacks.difficulty import DifficultyPredictorConfig
+from lit_rlft.callbacks.dots import DOTSCallback
 from lit_rlft.callbacks.dps import DPSCallback
 from lit_rlft.callbacks.dynamic import DynamicSamplingCallback
 from lit_rlft.callbacks.greso import GRESOCallback

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from lit_rlft.callbacks.dots import DifficultyPredictorConfig, build_dots_selector, refresh_reference
+from lit_rlft.callbacks.difficulty import DifficultyPredictorConfig, build_dots_selector, refresh_reference
 from lit_rlft.callbacks.selection import SelectionCallback
 from lit_rlft.core.state import decode_state, encode_state
 from lit_rlft.selection.base import STATE_NAMES, state_of

@@ -1,6 +1,6 @@
 """Pure-torch maths of GRPO: advantages, per-token log-probs, losses. No Lightning, no transformers."""
 
-from lit_rlft.core.advantages import ScaleRewards, group_advantages, success_rates
+from lit_rlft.core.advantages import ScaleRewards, effective_ratio, group_advantages, keep_mask, success_rates
 from lit_rlft.core.aggregations import AGGREGATIONS, Aggregation
 from lit_rlft.core.entropy_control import AdaptiveEntropyCoef
 from lit_rlft.core.logprobs import completion_logprobs, entropy_from_logits, selective_log_softmax
@@ -48,11 +48,13 @@ __all__ = [
     "SurrogateOutput",
     "completion_logprobs",
     "constant_length_sum",
+    "effective_ratio",
     "entropy_from_logits",
     "entropy_threshold",
     "group_advantages",
     "high_entropy_mask",
     "k3_kl",
+    "keep_mask",
     "loss_token_mask",
     "off_policy_sequence_mask",
     "selective_log_softmax",

@@ -1,4 +1,4 @@
-"""Group-relative advantages and per-prompt success rates.
+"""Group-relative advantages and per-group statistics (success rates, the effective share, reward spread).
 
 Notation: ``B`` prompts (groups), ``G`` completions per prompt, ``N = B * G``.
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -75,3 +76,29 @@ def success_rates(correct: Tensor) -> Tensor:
     if correct.dim() != 2:
         raise ValueError(f"`correct` must have shape [B, G], got {tuple(correct.shape)}")
     return correct.float().mean(dim=1)  # [B]
+
+
+def effective_ratio(success_rates: np.ndarray) -> float:
+    """Fraction of groups with ``0 < p < 1`` (GRPO's informative groups); 0.0 for an empty batch."""
+    p = np.asarray(success_rates, dtype=np.float64)
+    if p.size == 0:
+        return 0.0
+    return float(np.mean((p > 0.0) & (p < 1.0)))
+
+
+def keep_mask(rewards: np.ndarray) -> np.ndarray:
+    """Groups with non-zero reward std.
+
+    Args:
+        rewards: ``[b, G]`` rewards of ``b`` groups of ``G`` completions (shaped scores are fine: any spread counts).
+
+    Returns:
+        ``[b]`` bool. Computed as ``max > min`` rather than ``std > 0``: the same set for finite rewards, but exact
+        (a float std of equal non-integer rewards such as ``[0.1, 0.1, 0.1]`` need not come out exactly 0).
+    """
+    r = np.asarray(rewards, dtype=np.float64)
+    if r.ndim != 2:
+        raise ValueError(f"rewards must have shape [b, G], got {r.shape}")
+    if r.shape[1] == 0:
+        return np.zeros(r.shape[0], dtype=bool)
+    return r.max(axis=1) > r.min(axis=1)

@@ -29,11 +29,11 @@ import torch
 from torch import nn
 
 from lit_rlft.callbacks.budget import training_ends
+from lit_rlft.core.distributed import get_collective
 from lit_rlft.lightning.backend import LightningBackend
 from lit_rlft.lightning.checkpointing import check_checkpoint, is_local_checkpoint_path, use_atomic_checkpoint_io
 from lit_rlft.lightning.module import log_text, rollout_hooks
 from lit_rlft.models.sharding import data_parallel_mesh, fully_shard_policy
-from lit_rlft.step.distributed import get_collective
 from lit_rlft.step.optim import configure_adamw
 
 __all__ = ["FabricLoop", "fsdp2_parallelize"]

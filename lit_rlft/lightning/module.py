@@ -20,6 +20,7 @@ from torch import Tensor
 
 from lit_rlft.callbacks.budget import training_ends
 from lit_rlft.core.advantages import ScaleRewards
+from lit_rlft.core.distributed import get_collective
 from lit_rlft.core.losses import GRPOLoss
 from lit_rlft.lightning.backend import LightningBackend
 from lit_rlft.lightning.progress import rollout_progress_bar
@@ -31,7 +32,6 @@ from lit_rlft.rollout.base import RolloutEngine
 from lit_rlft.rollout.hf import HFEngine
 from lit_rlft.step.config import GenerationConfig, OptimConfig, as_config, merge_moved_keys
 from lit_rlft.step.context import RolloutHook
-from lit_rlft.step.distributed import get_collective
 from lit_rlft.step.grpo import GRPOStep
 from lit_rlft.step.optim import configure_adamw
 

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from lit_rlft.core.distributed import split_to
 from lit_rlft.core.types import left_pad, pad_to
 from lit_rlft.models.sharding import hf_model
 from lit_rlft.rollout.base import FinishReason, GenerationOutput, RolloutEngine, SamplingConfig, stop_token_ids
-
-ChunkT = TypeVar("ChunkT", list[int], Tensor)
 
 
 class HFEngine(RolloutEngine):
@@ -268,19 +266,3 @@ def plan_chunks(lengths: list[int], max_new_tokens: int, max_batch_tokens: int,
         start += size
     return chunks
 
-
-def split_to(chunks: Sequence[ChunkT], count: int) -> list[ChunkT]:
-    """``chunks`` (lists or 1-D tensors of row indices) split further, the largest halved (first half first), until
-    there are ``count`` of them; empty chunks are appended when there are fewer rows than ``count``. Halving a chunk
-    keeps it within its budget. Under a sharded policy every rank must run as many generation calls and training
-    forwards as the rank that needs most: both the engine and the updater bring their chunks to that count here."""
-    out = list(chunks)
-    while len(out) < count:
-        largest = max(range(len(out)), key=lambda i: len(out[i])) if out else None
-        if largest is None or len(out[largest]) < 2:
-            out.append(out[0][:0] if out else [])
-            continue
-        chunk = out[largest]
-        half = (len(chunk) + 1) // 2
-        out[largest : largest + 1] = [chunk[:half], chunk[half:]]
-    return out

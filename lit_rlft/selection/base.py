@@ -21,6 +21,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from lit_rlft.core.advantages import effective_ratio  # noqa: F401  (re-exported for the strategies)
+
 NUM_STATES = 3
 UNSOLVED, PARTIAL, SOLVED = 0, 1, 2
 STATE_NAMES = ("unsolved", "partial", "solved")
@@ -70,13 +72,6 @@ def state_of(success_rates: np.ndarray) -> np.ndarray:
     states[p >= 1.0] = SOLVED
     return states
 
-
-def effective_ratio(success_rates: np.ndarray) -> float:
-    """Fraction of groups with ``0 < p < 1`` (GRPO's informative groups); 0.0 for an empty batch."""
-    p = np.asarray(success_rates, dtype=np.float64)
-    if p.size == 0:
-        return 0.0
-    return float(np.mean((p > 0.0) & (p < 1.0)))
 
 
 def validate_batch_size(batch_size: int, num_prompts: int, option: str = "batch_size") -> int:

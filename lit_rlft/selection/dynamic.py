@@ -26,27 +26,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from lit_rlft.core.advantages import keep_mask
 from lit_rlft.selection.base import check_version
+
+__all__ = ["DynamicFilter", "FilterResult", "FilterRound", "keep_mask"]
 
 _TOTALS = ("total_steps", "total_rounds", "total_rolled_out", "total_kept", "total_discarded", "total_unfilled")
 
-
-def keep_mask(rewards: np.ndarray) -> np.ndarray:
-    """Groups with non-zero reward std.
-
-    Args:
-        rewards: ``[b, G]`` rewards of ``b`` groups of ``G`` completions (shaped scores are fine: any spread counts).
-
-    Returns:
-        ``[b]`` bool. Computed as ``max > min`` rather than ``std > 0``: the same set for finite rewards, but exact
-        (a float std of equal non-integer rewards such as ``[0.1, 0.1, 0.1]`` need not come out exactly 0).
-    """
-    r = np.asarray(rewards, dtype=np.float64)
-    if r.ndim != 2:
-        raise ValueError(f"rewards must have shape [b, G], got {r.shape}")
-    if r.shape[1] == 0:
-        return np.zeros(r.shape[0], dtype=bool)
-    return r.max(axis=1) > r.min(axis=1)
 
 
 class FilterResult(NamedTuple):

@@ -4,10 +4,10 @@
 A plain PyTorch loop drives it directly; ``GRPOModule`` (Trainer) and ``FabricLoop`` (Fabric) are thin adapters.
 """
 
+from lit_rlft.core.distributed import Collective, LocalCollective, RankFailure, TorchCollective, get_collective
 from lit_rlft.step.budget import RolloutBudget
 from lit_rlft.step.config import GenerationConfig, OptimConfig
 from lit_rlft.step.context import PromptData, RolloutHook, StepContext, StepOutput
-from lit_rlft.step.distributed import Collective, LocalCollective, RankFailure, TorchCollective, get_collective
 from lit_rlft.step.grpo import GRPOStep
 from lit_rlft.step.update import PolicyUpdater, TorchBackend, UpdateBackend
 

@@ -17,11 +17,11 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from lit_rlft.core.distributed import Collective
     from lit_rlft.core.types import OutcomeRecord, Rollouts
     from lit_rlft.data.plan import BatchPlan
     from lit_rlft.data.pool import PromptPool
     from lit_rlft.step.budget import RolloutBudget
-    from lit_rlft.step.distributed import Collective
 
 __all__ = ["PromptData", "RolloutHook", "StepContext", "StepOutput"]
 

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_rlft.core.advantages import ScaleRewards, group_advantages
+from lit_rlft.core.distributed import Collective, LocalCollective, padded_shard, shard_slice
 from lit_rlft.core.losses import GRPOLoss
 from lit_rlft.core.types import OutcomeRecord, Rollouts
 from lit_rlft.models.sharding import hf_model, is_sharded
@@ -41,7 +42,6 @@ from lit_rlft.rollout.worker import RolloutWorker, Split
 from lit_rlft.step.budget import RolloutBudget
 from lit_rlft.step.config import GenerationConfig, OptimConfig
 from lit_rlft.step.context import PromptData, RolloutHook, StepOutput
-from lit_rlft.step.distributed import Collective, LocalCollective, padded_shard, shard_slice
 from lit_rlft.step.metrics import ValidationMetrics, rollout_metrics
 from lit_rlft.step.rewards_report import RewardFailureLog, failure_counts
 from lit_rlft.step.seeding import StepSeeds

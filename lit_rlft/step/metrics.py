@@ -17,10 +17,9 @@ import torch
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
+from lit_rlft.core.advantages import effective_ratio, keep_mask
+from lit_rlft.core.distributed import Collective
 from lit_rlft.core.types import OutcomeRecord, Rollouts
-from lit_rlft.selection.base import effective_ratio
-from lit_rlft.selection.dynamic import keep_mask
-from lit_rlft.step.distributed import Collective
 
 
 class ValidationMetrics(nn.Module):

@@ -6,7 +6,7 @@ Notation: ``N`` sequences on this rank (``B_local * G``), ``L`` completion lengt
 several mini-batches), splits them into ``num_mini_batches`` mini-batches and makes one optimizer step per
 mini-batch, accumulating gradients over micro-batches of ``micro_batch_size`` rows. What differs between the
 Trainer, Fabric and plain PyTorch (how to backward, skip gradient sync, clip, step) sits behind
-:class:`UpdateBackend`; how ranks agree on normalisation goes through a :class:`~lit_rlft.step.distributed.Collective`.
+:class:`UpdateBackend`; how ranks agree on normalisation goes through a :class:`~lit_rlft.core.distributed.Collective`.
 
 Global normalisation. A mini-batch's loss is normalised by the *global* weight of that mini-batch (its tokens for
 ``loss_type="dapo"``, its sequences otherwise), summed over ranks, and every rank multiplies its share by ``W``
@@ -29,13 +29,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from lit_rlft.core.distributed import Collective, LocalCollective, split_to
 from lit_rlft.core.entropy_control import AdaptiveEntropyCoef
 from lit_rlft.core.loss_masks import entropy_threshold
 from lit_rlft.core.losses import GRPOLoss, LossOutput
 from lit_rlft.core.types import Rollouts
-from lit_rlft.rollout.hf import split_to
 from lit_rlft.step.batching import padding_share, sequence_logprobs, token_budget_micro_batches
-from lit_rlft.step.distributed import Collective, LocalCollective
 
 __all__ = ["NonFiniteUpdateError", "PolicyUpdater", "TorchBackend", "UpdateBackend", "clip_grad_norm",
            "sequence_logprobs"]

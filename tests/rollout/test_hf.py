@@ -88,7 +88,8 @@ def test_every_stop_id_of_the_generation_config_ends_a_completion(engine_parts):
 
 
 # -- token-budget chunks (max_batch_tokens) ---------------------------------------------------------------------------
-from lit_rlft.rollout.hf import plan_chunks, split_to  # noqa: E402
+from lit_rlft.core.distributed import split_to  # noqa: E402
+from lit_rlft.rollout.hf import plan_chunks  # noqa: E402
 
 PROMPTS = ["1 2>3=", "12 7 3>81=", "4 5>9=", "13 11 2 9>99=", "3>3=", "10 5 6>21="]
 

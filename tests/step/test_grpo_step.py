@@ -6,11 +6,11 @@ import lightning as L
 import torch
 
 from lit_rlft.callbacks import DPSCallback, ReplayCallback
+from lit_rlft.core.distributed import LocalCollective
 from lit_rlft.lightning.fabric import FabricLoop
 from lit_rlft.rollout.hf import HFEngine
 from lit_rlft.step import TorchBackend
 from lit_rlft.step.context import RolloutHook
-from lit_rlft.step.distributed import LocalCollective
 from lit_rlft.step.optim import configure_adamw
 from tests.callbacks.test_strategies import CoinRewards
 from tests.conftest import countdown_dm, tiny_module, tiny_trainer

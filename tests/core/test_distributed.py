@@ -1,11 +1,11 @@
-"""The one-process side of lit_rlft.step.distributed: shards, the failure protocol, metric reduction."""
+"""The one-process side of lit_rlft.core.distributed: shards, the failure protocol, metric reduction."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from lit_rlft.step.distributed import Collective, LocalCollective, RankFailure, padded_shard, shard_slice
+from lit_rlft.core.distributed import Collective, LocalCollective, RankFailure, padded_shard, shard_slice
 
 
 class FakeRanks(Collective):

@@ -13,7 +13,7 @@ Every rank must make the same collective calls in the same order: the step is wr
 global decisions), and :meth:`Collective.gather_checked` turns a failure on one rank (a reward function that raises,
 an engine error) into the same error on every rank, naming the rank, instead of a hang.
 
-Lightning-free: usable from the Trainer glue, the Fabric loop or a plain ``torchrun`` script.
+Lightning-free (torch only, at the bottom of the layers with the maths): usable from the Trainer glue, the Fabric loop or a plain ``torchrun`` script.
 """
 
 from __future__ import annotations
@@ -22,12 +22,14 @@ import hashlib
 import pickle
 import time
 import traceback
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 import numpy as np
+from torch import Tensor
 
 __all__ = ["Collective", "LocalCollective", "RankFailure", "TorchCollective", "get_collective", "shard_slice",
-           "padded_shard"]
+           "padded_shard", "split_to"]
 
 
 class RankFailure(RuntimeError):
@@ -262,3 +264,23 @@ def padded_shard(ids: np.ndarray, rank: int, world_size: int) -> tuple[np.ndarra
         filler = local[-1:] if valid else ids[:1]
         local = np.concatenate([local, np.repeat(filler, per - valid, axis=0)]) if filler.size else local
     return local, valid
+
+
+ChunkT = TypeVar("ChunkT", list[int], Tensor)
+
+
+def split_to(chunks: Sequence[ChunkT], count: int) -> list[ChunkT]:
+    """``chunks`` (lists or 1-D tensors of row indices) split further, the largest halved (first half first), until
+    there are ``count`` of them; empty chunks are appended when there are fewer rows than ``count``. Halving a chunk
+    keeps it within its budget. Under a sharded policy every rank must run as many generation calls and training
+    forwards as the rank that needs most: both the engine and the updater bring their chunks to that count here."""
+    out = list(chunks)
+    while len(out) < count:
+        largest = max(range(len(out)), key=lambda i: len(out[i])) if out else None
+        if largest is None or len(out[largest]) < 2:
+            out.append(out[0][:0] if out else [])
+            continue
+        chunk = out[largest]
+        half = (len(chunk) + 1) // 2
+        out[largest : largest + 1] = [chunk[:half], chunk[half:]]
+    return out
