@@ -5,7 +5,8 @@
     torchrun --nproc-per-node 2 examples/fabric_countdown.py --devices 2 --max-steps 4
     fabric run --accelerator cpu --devices 2 --strategy ddp examples/fabric_countdown.py --max-steps 4
 
-The same GRPOModule, datamodule and callbacks as a Trainer run; FabricLoop plays the Trainer's part. Under
+The settings of a Trainer run (a GRPOConfig holds GRPOModule's arguments), the same datamodule and callbacks; no
+Trainer and no LightningModule: FabricLoop builds the step and drives it. Under
 ``fabric run`` the command line chooses accelerator, devices and strategy and starts the processes, so the script
 neither passes them to ``Fabric`` nor calls ``launch()``. Without a warm start (``--model runs/sft/model``, from
 ``lit-rlft sft --config configs/sft_countdown_tiny.yaml``) the tiny policy is untrained and its rewards stay at 0:
@@ -25,7 +26,7 @@ from lit_rlft import (
     DPSCallback,
     FabricLoop,
     GenerationConfig,
-    GRPOModule,
+    GRPOConfig,
     OptimConfig,
     PromptDataModule,
     ReplayCallback,
@@ -50,7 +51,7 @@ def main() -> None:
                           strategy="ddp" if a.devices > 1 else "auto")
         fabric.launch()
     fabric.seed_everything(0)
-    module = GRPOModule(model=a.model, reward_funcs=["lit_rlft.rewards.countdown_reward"],
+    config = GRPOConfig(model=a.model, reward_funcs=["lit_rlft.rewards.countdown_reward"],
                         generation=GenerationConfig(num_generations=8, max_completion_length=16),
                         optim=OptimConfig(learning_rate=1e-4, warmup_steps=5))
     data = PromptDataModule(train=CountdownTask(size=20_000, num_numbers=[2, 3, 4], split="train", seed=1),
@@ -59,10 +60,10 @@ def main() -> None:
     loop = FabricLoop(fabric, max_steps=a.max_steps, val_every_n_steps=10, checkpoint_dir=a.out,
                       callbacks=[DPSCallback(decay=0.5), ReplayCallback(delta=0.5, capacity=128),
                                  RolloutBudgetStop(max_completions=50_000)])
-    loop.fit(module, data)
+    step = loop.fit(config, data)
     metrics = loop.validate()  # the held-out accuracy of the final policy
     loop.save(f"{a.out}/last.ckpt")
-    fabric.print(f"{module.grpo.rollout_step} rollout steps, {module.grpo.budget.completions} completions, "
+    fabric.print(f"{step.rollout_step} rollout steps, {step.budget.completions} completions, "
                  f"held-out accuracy {metrics['val/accuracy']:.3f}")
 
 

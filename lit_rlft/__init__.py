@@ -1,6 +1,7 @@
 """lit_rlft: data-efficient reinforcement fine-tuning of LLMs on PyTorch Lightning.
 
-GRPO with rollout replay as one Lightning-free step (``lit_rlft.step``) driven by a LightningModule or a Fabric loop;
+GRPO with rollout replay as one Lightning-free step (``lit_rlft.step``, built from a ``GRPOConfig``) driven by a
+LightningModule, a Fabric loop or a plain PyTorch loop;
 online data selection (DOTS, DPS, MoPPS, GRESO, dynamic sampling, history resampling) and replay as composable
 Lightning callbacks::
 
@@ -31,7 +32,17 @@ from lit_rlft.lightning.module import GRPOModule
 from lit_rlft.models import LoRAConfig, TinyConfig
 from lit_rlft.rewards.runner import RewardRunner
 from lit_rlft.rollout import HFEngine, RolloutEngine, RolloutWorker, SamplingConfig
-from lit_rlft.step import GenerationConfig, GRPOStep, OptimConfig, StepContext, StepOutput
+from lit_rlft.step import (
+    GenerationConfig,
+    GRPOConfig,
+    GRPOStep,
+    OptimConfig,
+    StepContext,
+    StepOutput,
+    StopCondition,
+    build_models,
+    build_step,
+)
 from lit_rlft.step.update import PolicyUpdater, TorchBackend
 
 __version__ = "0.3.0"
@@ -39,8 +50,8 @@ __version__ = "0.3.0"
 __all__ = [
     "ArithmeticTask", "BatchCompositionLogger", "BatchPlan", "CompletionLogger", "CountdownTask", "DOTSCallback",
     "DPSCallback", "DifficultyPredictorConfig", "DynamicSamplingCallback", "FabricLoop", "GRESOCallback", "GRPOLoss",
-    "GRPOModule", "GRPOStep", "GenerationConfig", "HFEngine", "HistoryResamplingCallback", "MoPPSCallback", "LoRAConfig", "OptimConfig", "OutcomeRecord", "PolicyUpdater", "PromptDataModule",
+    "GRPOConfig", "GRPOModule", "GRPOStep", "GenerationConfig", "HFEngine", "HistoryResamplingCallback", "MoPPSCallback", "LoRAConfig", "OptimConfig", "OutcomeRecord", "PolicyUpdater", "PromptDataModule",
     "ReplayCallback", "RewardRunner", "RolloutBudgetStop", "RolloutEngine", "RolloutHook", "RolloutWorker",
-    "Rollouts", "SamplingConfig", "SelectionCallback", "StepContext", "StepOutput", "SuccessRateRecorder", "TinyConfig", "TorchBackend",
-    "__version__", "fsdp2_parallelize",
+    "Rollouts", "SamplingConfig", "SelectionCallback", "StepContext", "StepOutput", "StopCondition", "SuccessRateRecorder", "TinyConfig", "TorchBackend",
+    "__version__", "build_models", "build_step", "fsdp2_parallelize",
 ]

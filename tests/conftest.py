@@ -18,17 +18,30 @@ TINY_SMALL = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 
               "intermediate_size": 128, "head_dim": 64}
 
 
-def tiny_module(**overrides):
-    """A GRPOModule on the tiny policy; ``overrides`` may use the flat option names (``learning_rate=...``), which
-    are nested into ``generation`` / ``loss`` / ``optim`` here."""
-    from lit_rlft.lightning.module import GRPOModule
+def tiny_settings(**overrides):
+    """The settings of a GRPO step on the tiny policy; ``overrides`` may use the flat option names
+    (``learning_rate=...``), which are nested into ``generation`` / ``loss`` / ``optim`` here."""
     from lit_rlft.models.tiny import TinyConfig
     from lit_rlft.step.config import nest_flat_options
 
     kwargs = dict(model="tiny", tiny=TinyConfig(**TINY_SMALL), reward_funcs=["lit_rlft.rewards.countdown_reward"],
                   num_generations=4, max_completion_length=8, learning_rate=1e-2)
     kwargs.update(overrides)
-    return GRPOModule(**nest_flat_options(kwargs))
+    return nest_flat_options(kwargs)
+
+
+def tiny_module(**overrides):
+    """A GRPOModule on the tiny policy (see :func:`tiny_settings`)."""
+    from lit_rlft.lightning.module import GRPOModule
+
+    return GRPOModule(**tiny_settings(**overrides))
+
+
+def tiny_config(**overrides):
+    """A GRPOConfig on the tiny policy, for Fabric and plain loops (see :func:`tiny_settings`)."""
+    from lit_rlft.step.builder import GRPOConfig
+
+    return GRPOConfig(**tiny_settings(**overrides))
 
 
 def countdown_dm(size: int = 64, batch_size: int = 4, val: bool = False, **overrides):

@@ -50,11 +50,13 @@ def test_the_trainer_quick_start_runs(tmp_path):
     assert {"reward", "dps/effective_ratio", "replay/replayed_groups"} <= _scalars(tmp_path / "runs" / "quickstart")
 
 
-def test_the_plain_pytorch_loop_of_the_design_notes_runs(tmp_path):
+def test_the_plain_pytorch_loop_of_the_design_notes_runs_until_its_budget_stops_it(tmp_path):
     (tmp_path / "plain.py").write_text(_block("plain", DESIGN))
     out = _run([sys.executable, "plain.py"], tmp_path)
-    lines = [line.split() for line in out.splitlines() if re.fullmatch(r"\d \S+ \d+", line.strip())]
-    assert [int(x[0]) for x in lines] == [0, 1, 2, 3] and int(lines[-1][2]) > int(lines[0][2])  # steps, budget
+    lines = [line.split() for line in out.splitlines() if re.fullmatch(r"\d+ \S+ \d+", line.strip())]
+    assert [int(x[0]) for x in lines] == list(range(len(lines))) and len(lines) >= 2  # steps 0, 1, ...
+    assert int(lines[-1][2]) >= 160 > int(lines[-2][2])  # the step that spent the budget was the last
+    assert f"RolloutBudgetStop: {lines[-1][2]} completions generated, max_completions=160" in out
 
 
 @pytest.mark.distributed

@@ -10,17 +10,22 @@ Fabric or a plain PyTorch loop:
 
 Callbacks that reshape a step's batch also implement :class:`~lit_rlft.step.context.RolloutHook` (``on_rollouts``),
 which the step calls between scoring and advantages; ``RolloutHook`` is re-exported here for them to subclass.
+``FabricLoop`` and a plain loop call the three methods themselves; only the Trainer goes through the hooks below.
+
+Under the Trainer a step's :class:`StepOutput` travels from ``training_step`` to ``on_train_batch_end`` as a dict of
+its fields (:func:`as_trainer_output`): Lightning's manual optimisation accepts only a mapping (or a tensor) there.
 """
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 import lightning as L
 
 from lit_rlft.step.context import RolloutHook, StepContext, StepOutput
 
-__all__ = ["RolloutHook", "StepCallback", "step_context"]
+__all__ = ["RolloutHook", "StepCallback", "as_trainer_output", "from_trainer_output", "step_context"]
 
 
 def step_context(pl_module: Any) -> StepContext:
@@ -52,4 +57,15 @@ class StepCallback(L.Callback):
         self.before_first_step(step_context(pl_module))
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.after_step(step_context(pl_module), outputs)
+        self.after_step(step_context(pl_module), from_trainer_output(outputs))
+
+
+def as_trainer_output(output: StepOutput) -> dict[str, Any]:
+    """What ``training_step`` returns: ``output``'s fields as a dict (``outputs["rollouts"]`` in any callback)."""
+    return {f.name: getattr(output, f.name) for f in fields(output)}
+
+
+def from_trainer_output(outputs: Any) -> StepOutput:
+    """The :class:`StepOutput` of ``on_train_batch_end``'s ``outputs`` (a dict of its fields under the Trainer)."""
+    return outputs if isinstance(outputs, StepOutput) else StepOutput(**{f.name: outputs[f.name]
+                                                                         for f in fields(StepOutput)})

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
-from lit_rlft.callbacks.base import StepCallback, step_context
-from lit_rlft.step.context import StepContext, StepOutput
+from lit_rlft.callbacks.base import StepCallback
+from lit_rlft.step.context import StepContext, StopCondition
 
 
-class RolloutBudgetStop(StepCallback):
+class RolloutBudgetStop(StepCallback, StopCondition):
     """Stop after the step in which the run's cumulative completions reach ``max_completions``.
 
     Every completion counts (training, reference sets, dynamic-sampling rounds), so strategies that spend extra
-    rollouts are charged for them.
+    rollouts are charged for them. A :class:`~lit_rlft.step.context.StopCondition`: the step asks it whenever
+    anyone asks whether training ends, so it works under the Trainer, ``FabricLoop`` and a plain loop alike, and a
+    selection callback listed before it already knows not to plan a step that will not run.
 
     Example::
 
@@ -31,17 +30,8 @@ class RolloutBudgetStop(StepCallback):
     def exhausted(self, ctx: StepContext) -> bool:
         return ctx.budget.completions >= self.max_completions
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: StepOutput, batch: Any,
-                           batch_idx: int) -> None:
-        if self.exhausted(step_context(pl_module)):
-            trainer.should_stop = True
-
-
-def training_ends(should_stop: bool, max_steps: int | None, global_step: int, callbacks: Sequence[Any],
-                  ctx: StepContext) -> bool:
-    """Whether the step that just ran is the last: a stop requested, ``max_steps`` (optimizer steps) reached, or a
-    :class:`RolloutBudgetStop` among ``callbacks`` spent (it may run after the callback asking). The Trainer and the
-    Fabric loop answer :meth:`StepContext.ends_after_this_step` with it."""
-    if should_stop or (max_steps and 0 < max_steps <= global_step):
-        return True
-    return any(isinstance(cb, RolloutBudgetStop) and cb.exhausted(ctx) for cb in callbacks)
+    def stop_reason(self, ctx: StepContext) -> str | None:
+        if not self.exhausted(ctx):
+            return None
+        return (f"RolloutBudgetStop: {ctx.budget.completions} completions generated, max_completions="
+                f"{self.max_completions}")

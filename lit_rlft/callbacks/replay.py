@@ -142,8 +142,10 @@ class ReplayCallback(RolloutHook, StepCallback):
     @staticmethod
     def _fresh_groups(rollouts: Rollouts) -> list[StoredGroup]:
         G = rollouts.group_size
-        # mu: the sampling engine's own log-probs when it reported them (vLLM), else pi_old (HF shares the weights)
-        mu = rollouts.engine_logprobs if rollouts.engine_logprobs is not None else rollouts.old_logprobs
+        mu = rollouts.behaviour_logprobs  # [N, L], completed by the step's update (the rule: Rollouts)
+        if mu is None:
+            raise RuntimeError("ReplayCallback: the trained rollouts carry no behaviour_logprobs (the policy update "
+                               "writes them): store groups after the step's update, from StepOutput.rollouts")
         out = []
         for b in torch.nonzero(~rollouts.is_replay).flatten().tolist():
             rate = float(rollouts.success_rates[b])

@@ -44,9 +44,13 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
 class Rollouts:
     """One rollout batch: ``B`` groups of ``G`` completions, fresh or replayed.
 
-    ``behaviour_logprobs`` are the per-token log-probs of the policy that generated each sequence (pi_old for
-    fresh rows, the stored mu for replayed ones); ``None`` until the module computes them. ``engine_logprobs`` are
-    the log-probs the rollout engine reported while sampling (``None`` when the engine was not asked for them).
+    ``behaviour_logprobs`` holds, for every row, the per-token log-probs of mu, the policy that sampled it. The rule:
+    a replayed row keeps the mu it was stored with; a fresh row's mu is the engine's sampling log-probs
+    (``engine_logprobs``) when the engine reports them (vLLM: its own copy of the weights), else pi_old, the policy
+    before this step's update (``HFEngine`` samples with the policy itself). The policy update is its one writer: it
+    fills the fresh rows (pi_old is known only once its forward pass has run), so the field is complete once a step
+    has trained on the batch, and the replay buffer stores it from there.
+
     ``reward_per_func`` holds each reward function's unweighted scores (NaN rows for groups that were not scored
     here, such as replayed ones); ``generation_s`` is the wall time the engine spent generating these rows.
     """
@@ -61,9 +65,8 @@ class Rollouts:
     birth_step: Tensor  # [B] long, step that generated the group
     is_replay: Tensor  # [B] bool
     truncated: Tensor  # [N] bool, stopped by max_new_tokens rather than EOS
-    behaviour_logprobs: Tensor | None = None  # [N, L] float32, mu of replayed rows (fresh rows: unused)
-    old_logprobs: Tensor | None = None  # [N, L] float32, pi_old of this step (filled by the module's update)
-    engine_logprobs: Tensor | None = None  # [N, L] float32, the engine's sampling log-probs (if requested)
+    behaviour_logprobs: Tensor | None = None  # [N, L] float32, log mu of every row (the rule above; None: not yet)
+    engine_logprobs: Tensor | None = None  # [N, L] float32, the engine's sampling log-probs (None: not reported)
     reward_per_func: dict[str, Tensor] = field(default_factory=dict)  # name -> [B, G] float32, unweighted
     completions: list[str] = field(default_factory=list)  # [N] decoded text, for logging
     prompts: list[str] = field(default_factory=list)  # [B] prompt text, for logging
@@ -139,7 +142,6 @@ class Rollouts:
             is_replay=cat([p.is_replay for p in parts]),
             truncated=cat([p.truncated for p in parts]),
             behaviour_logprobs=cat_optional("behaviour_logprobs"),
-            old_logprobs=cat_optional("old_logprobs"),
             engine_logprobs=cat_optional("engine_logprobs"),
             reward_per_func=_cat_per_func([p.reward_per_func for p in parts], [p.rewards for p in parts]),
             completions=[c for p in parts for c in p.completions],

@@ -12,10 +12,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lit_rlft.models.sharding import fsdp_no_sync, is_sharded
+from lit_rlft.models.sharding import data_parallel_mesh, fsdp_no_sync, is_sharded
 from lit_rlft.step.update import clip_grad_norm
 
-__all__ = ["LightningBackend", "no_gradient_sync"]
+__all__ = ["LightningBackend", "fsdp2_mesh", "no_gradient_sync"]
 
 
 class LightningBackend:
@@ -107,3 +107,19 @@ def no_gradient_sync(policy: nn.Module, ddp_no_sync: Callable[[], AbstractContex
     else:
         with ddp_no_sync() if ddp_no_sync is not None else nullcontext():
             yield
+
+
+def fsdp2_mesh(strategy: Any) -> Any:
+    """The mesh to shard the policy over under a Trainer's ``strategy`` (None: no sharding). FSDP1 is refused with a
+    pointer to FSDP2 (``ModelParallelStrategy``)."""
+    from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+
+    if isinstance(strategy, FSDPStrategy):
+        raise ValueError(
+            "trainer.strategy: FSDPStrategy (FSDP1) is not supported: GRPO calls the policy outside the strategy's "
+            "root module (generate, log-probs, reference and embedding passes), which FSDP1's flat parameters do not "
+            "allow. Shard with FSDP2 instead, on GPU as on CPU: strategy: {class_path: "
+            "lightning.pytorch.strategies.ModelParallelStrategy, init_args: {data_parallel_size: <devices x nodes>, "
+            "tensor_parallel_size: 1}} (see configs/parallel/)"
+        )
+    return data_parallel_mesh(strategy.device_mesh) if isinstance(strategy, ModelParallelStrategy) else None

@@ -1,5 +1,14 @@
-"""Checkpoints: state that loads weights-only, files written atomically, and unreadable files reported in one line.
+"""Checkpoints: one layout for the Trainer and ``FabricLoop``, state that loads weights-only, files written atomically,
+and unreadable files reported in one line.
 
+- One layout: Lightning's own. ``FabricLoop`` writes what the Trainer writes (``state_dict`` with the policy under
+  ``policy.``, ``optimizer_states``, ``lr_schedulers``, ``callbacks`` by ``state_key``, the datamodule under its class
+  name, ``global_step``) and the step's counters under :data:`STEP_KEY` in both, so a run checkpointed by either
+  resumes under the other (:func:`trainer_checkpoint`, :func:`restore_from_checkpoint`). The Trainer's loop state
+  is the one thing a ``FabricLoop`` checkpoint lacks: :func:`restore_trainer_counters` sets the optimizer-step and
+  rollout-step counters it would have held. The frozen reference policy is never saved; the keys lit_rlft <= 0.3
+  saved it under are dropped on load (:func:`drop_reference_weights`). Distributed (FSDP2) checkpoints keep each
+  driver's own sharded writer, so they resume under the driver that wrote them.
 - Lightning loads checkpoints with ``torch.load(weights_only=True)``, which refuses numpy arrays: strategy cores'
   numpy state goes through :func:`lit_rlft.core.state.encode_state` / ``decode_state``.
 - :class:`AtomicCheckpointIO` writes a single-file checkpoint to ``<path>.tmp-<pid>``, fsyncs it and renames it over
@@ -19,11 +28,108 @@ import os
 import pickle
 import re
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from torch import nn
+
+# ------------------------------------------------------------------------------------------ one layout
+STEP_KEY = "lit_rlft"
+"""Where every checkpoint holds the step's own state (:meth:`GRPOStep.state_dict`: rollout step, budget, ...)."""
+POLICY_PREFIX = "policy."
+"""The policy's weights in ``state_dict``: ``GRPOModule.policy``'s, as the Trainer names them."""
+_REFERENCE_PREFIXES = ("_reference.", "ref_model.")  # where lit_rlft <= 0.3 saved the frozen reference
+
+
+def drop_reference_weights(state_dict: dict[str, Any] | None) -> int:
+    """Remove the frozen reference's weights that checkpoints of lit_rlft <= 0.3 held (it is rebuilt from the model
+    instead); how many keys were dropped."""
+    if not isinstance(state_dict, dict):
+        return 0
+    keys = [k for k in state_dict if k.startswith(_REFERENCE_PREFIXES)]
+    for key in keys:
+        del state_dict[key]
+    return len(keys)
+
+
+def run_state(scheduler: Any, step: Any, datamodule: Any, callbacks: Sequence[Any], global_step: int) -> dict[str, Any]:
+    """Everything of a checkpoint but the weights and the optimizer, in the Trainer's layout."""
+    import lightning
+
+    return {
+        "epoch": 0, "global_step": int(global_step), "pytorch-lightning_version": lightning.__version__,
+        "lr_schedulers": [scheduler.state_dict()], "callbacks": {cb.state_key: cb.state_dict() for cb in callbacks},
+        type(datamodule).__qualname__: datamodule.state_dict(), STEP_KEY: step.state_dict(),
+    }
+
+
+def trainer_checkpoint(policy: nn.Module, optimizer: Any, scheduler: Any, step: Any, datamodule: Any,
+                       callbacks: Sequence[Any], global_step: int) -> dict[str, Any]:
+    """The checkpoint the Trainer would write at this point of a ``GRPOModule`` run, without its loop state: what
+    ``FabricLoop`` saves for single-file strategies."""
+    inner = getattr(optimizer, "optimizer", optimizer)  # Fabric's wrapper
+    return {"state_dict": {POLICY_PREFIX + k: v for k, v in policy.state_dict().items()},
+            "optimizer_states": [inner.state_dict()], **run_state(scheduler, step, datamodule, callbacks, global_step)}
+
+
+def restore_from_checkpoint(checkpoint: dict[str, Any], policy: nn.Module, optimizer: Any, scheduler: Any,
+                            step: Any, datamodule: Any, callbacks: Sequence[Any]) -> int:
+    """Load a Trainer-layout checkpoint (written by the Trainer or :func:`trainer_checkpoint`) into a set-up run;
+    its optimizer-step count."""
+    checkpoint = _from_fabric_03(checkpoint)
+    missing = [k for k in ("state_dict", "optimizer_states") if k not in checkpoint]
+    if missing:
+        raise CheckpointError(f"the checkpoint has no {', '.join(missing)}: not a GRPOModule / FabricLoop checkpoint "
+                              "(it holds " + ", ".join(sorted(map(str, checkpoint))[:8]) + ")")
+    weights = dict(checkpoint["state_dict"])
+    drop_reference_weights(weights)
+    policy.load_state_dict({k[len(POLICY_PREFIX):]: v for k, v in weights.items() if k.startswith(POLICY_PREFIX)})
+    optimizer.load_state_dict(checkpoint["optimizer_states"][0])
+    return restore_run_state(checkpoint, scheduler, step, datamodule, callbacks)
+
+
+def restore_run_state(checkpoint: dict[str, Any], scheduler: Any, step: Any, datamodule: Any,
+                      callbacks: Sequence[Any]) -> int:
+    """:func:`run_state`'s part of a checkpoint restored; its optimizer-step count. Callbacks the checkpoint does
+    not know start fresh, as under the Trainer."""
+    if checkpoint.get("lr_schedulers"):
+        scheduler.load_state_dict(checkpoint["lr_schedulers"][0])
+    step.load_state_dict(checkpoint.get(STEP_KEY, {}))
+    datamodule.load_state_dict(checkpoint.get(type(datamodule).__qualname__, checkpoint.get("datamodule", {})))
+    states = checkpoint.get("callbacks", {})
+    for cb in callbacks:
+        if cb.state_key in states:
+            cb.load_state_dict(states[cb.state_key])
+    return int(checkpoint.get("global_step", 0))
+
+
+def _from_fabric_03(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """A single-file ``FabricLoop`` checkpoint of lit_rlft 0.3 (``model``, ``optimizer``, ``scheduler``, ``module``,
+    ``datamodule``) in the layout of today; any other checkpoint unchanged."""
+    if not {"model", "module", "datamodule"} <= set(checkpoint) or "state_dict" in checkpoint:
+        return checkpoint
+    return {"state_dict": {POLICY_PREFIX + k: v for k, v in checkpoint["model"].items()},
+            "optimizer_states": [checkpoint["optimizer"]], "lr_schedulers": [checkpoint["scheduler"]],
+            STEP_KEY: checkpoint["module"], "datamodule": checkpoint["datamodule"],
+            "callbacks": checkpoint.get("callbacks", {}), "global_step": checkpoint.get("global_step", 0)}
+
+
+def step_counters(checkpoint: dict[str, Any]) -> tuple[int, int]:
+    """``(optimizer steps, rollout steps)`` a checkpoint was written at."""
+    return int(checkpoint.get("global_step", 0)), int(checkpoint.get(STEP_KEY, {}).get("rollout_step", 0))
+
+
+def restore_trainer_counters(trainer: Any, optimizer_steps: int, rollout_steps: int) -> None:
+    """Set what the Trainer's loop state would have restored, for a checkpoint that has none (``FabricLoop``'s):
+    ``trainer.global_step`` (optimizer steps, which ``max_steps`` counts under manual optimisation) and the step
+    loggers use (rollout steps)."""
+    loop = trainer.fit_loop.epoch_loop
+    progress = loop.manual_optimization.optim_step_progress.total
+    progress.ready = progress.completed = int(optimizer_steps)
+    loop._batches_that_stepped = int(rollout_steps)
 
 
 # ------------------------------------------------------------------------------------------ unreadable checkpoints

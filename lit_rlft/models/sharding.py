@@ -56,21 +56,6 @@ def data_parallel_mesh(mesh: Any) -> Any:
     return mesh["data_parallel"] if "data_parallel" in names else mesh
 
 
-def fsdp2_mesh(strategy: Any) -> Any:
-    """The mesh to shard the policy over under a Trainer's ``strategy`` (None: no sharding). FSDP1 is refused with a
-    pointer to FSDP2 (``ModelParallelStrategy``)."""
-    from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
-
-    if isinstance(strategy, FSDPStrategy):
-        raise ValueError(
-            "trainer.strategy: FSDPStrategy (FSDP1) is not supported: GRPO calls the policy outside the strategy's "
-            "root module (generate, log-probs, reference and embedding passes), which FSDP1's flat parameters do not "
-            "allow. Shard with FSDP2 instead, on GPU as on CPU: strategy: {class_path: "
-            "lightning.pytorch.strategies.ModelParallelStrategy, init_args: {data_parallel_size: <devices x nodes>, "
-            "tensor_parallel_size: 1}} (see configs/parallel/)"
-        )
-    return data_parallel_mesh(strategy.device_mesh) if isinstance(strategy, ModelParallelStrategy) else None
-
 
 def is_sharded(policy: nn.Module | None) -> bool:
     """Whether ``policy`` was sharded with FSDP2."""

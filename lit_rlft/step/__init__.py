@@ -1,16 +1,19 @@
-"""One GRPO step without Lightning: :class:`GRPOStep` (rollout, scoring, gathering, advantages, update), the
-:class:`StepContext` callbacks work against, the updater and its backends, and what ranks share.
+"""One GRPO step without Lightning: :class:`GRPOStep` (rollout, scoring, gathering, advantages, update), built from a
+:class:`GRPOConfig` by :func:`build_step`; the :class:`StepContext` callbacks work against; the updater and its
+backends; what ranks share (re-exported from ``lit_rlft.core.distributed``).
 
 A plain PyTorch loop drives it directly; ``GRPOModule`` (Trainer) and ``FabricLoop`` (Fabric) are thin adapters.
 """
 
 from lit_rlft.core.distributed import Collective, LocalCollective, RankFailure, TorchCollective, get_collective
 from lit_rlft.step.budget import RolloutBudget
+from lit_rlft.step.builder import GRPOConfig, build_models, build_step
 from lit_rlft.step.config import GenerationConfig, OptimConfig
-from lit_rlft.step.context import PromptData, RolloutHook, StepContext, StepOutput
+from lit_rlft.step.context import PromptData, RolloutHook, StepContext, StepOutput, StopCondition
 from lit_rlft.step.grpo import GRPOStep
 from lit_rlft.step.update import PolicyUpdater, TorchBackend, UpdateBackend
 
-__all__ = ["Collective", "GRPOStep", "GenerationConfig", "LocalCollective", "OptimConfig", "PolicyUpdater",
-           "PromptData", "RankFailure", "RolloutBudget", "RolloutHook", "StepContext", "StepOutput", "TorchBackend",
-           "TorchCollective", "UpdateBackend", "get_collective"]
+__all__ = ["Collective", "GRPOConfig", "GRPOStep", "GenerationConfig", "LocalCollective", "OptimConfig",
+           "PolicyUpdater", "PromptData", "RankFailure", "RolloutBudget", "RolloutHook", "StepContext", "StepOutput",
+           "StopCondition", "TorchBackend", "TorchCollective", "UpdateBackend", "build_models", "build_step",
+           "get_collective"]

@@ -1,5 +1,6 @@
 """The declared seams of a GRPO step: what callbacks may use of it (:class:`StepContext`), how they reshape a
-batch (:class:`RolloutHook`), and what a step returns (:class:`StepOutput`).
+batch (:class:`RolloutHook`) or end training (:class:`StopCondition`, :meth:`StepContext.request_stop`), and what a
+step returns (:class:`StepOutput`).
 
 :class:`~lit_rlft.step.grpo.GRPOStep` implements :class:`StepContext`; lit_rlft's callbacks are typed against the
 Protocol and tested against a minimal fake of it, never against ``GRPOModule``'s members. Lightning-free.
@@ -7,8 +8,8 @@ Protocol and tested against a minimal fake of it, never against ``GRPOModule``'s
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from lit_rlft.data.pool import PromptPool
     from lit_rlft.step.budget import RolloutBudget
 
-__all__ = ["PromptData", "RolloutHook", "StepContext", "StepOutput"]
+__all__ = ["PromptData", "RolloutHook", "StepContext", "StepOutput", "StopCondition"]
 
 
 class PromptData(Protocol):
@@ -108,6 +109,11 @@ class StepContext(Protocol):
         planning a next step would be wasted work."""
         ...
 
+    def request_stop(self, reason: str) -> None:
+        """End training after the step that just ran, under the Trainer, ``FabricLoop`` or a plain loop (which asks
+        :meth:`ends_after_this_step`). ``reason`` is said when the run ends; every rank must request it alike."""
+        ...
+
     @property
     def log_dir(self) -> str:
         """Where the run writes its files."""
@@ -127,38 +133,32 @@ class RolloutHook(Protocol):
                     record: OutcomeRecord) -> tuple[Rollouts, OutcomeRecord]: ...
 
 
-@dataclass(frozen=True)
-class StepOutput(Mapping[str, Any]):
-    """What one rollout step returns (and what ``on_train_batch_end`` receives as ``outputs``).
+@runtime_checkable
+class StopCondition(Protocol):
+    """A callback that ends training when a condition holds (``RolloutBudgetStop``: the budget is spent).
 
-    A read-only mapping of its fields as well, because Lightning's manual optimisation copies a ``training_step``
-    output that is a mapping and hands it to the callbacks unchanged.
+    The step asks every bound condition whenever anyone asks whether training ends (:meth:`StepContext.
+    ends_after_this_step`), so a selection callback that runs first in a step's after-step hooks already knows not to
+    plan a step that will not run; the first reason met becomes a :meth:`StepContext.request_stop`.
     """
+
+    def stop_reason(self, ctx: StepContext) -> str | None:
+        """Why training should end after the step that just ran, or None to go on."""
+        ...
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one rollout step returns; the callbacks' ``after_step`` receives it (under the Trainer,
+    ``on_train_batch_end``'s ``outputs`` holds its fields as a dict: ``outputs["rollouts"]``)."""
 
     step: int
     """The rollout step that ran (0-based)."""
     rollouts: Rollouts
-    """This rank's trained rollouts (fresh and replayed); ``old_logprobs`` filled by the update."""
+    """This rank's trained rollouts (fresh and replayed); every row's ``behaviour_logprobs`` set by the update."""
     record: OutcomeRecord
     """Every rank's outcomes: the global batch and every group rolled out but not trained on."""
     metrics: dict[str, float] = field(default_factory=dict)
     """The step's scalars (also logged): rewards, loss statistics, budget, times."""
     optimizer_steps: int = 0
     """Optimizer steps this rollout step made (``num_iterations * num_mini_batches``)."""
-
-    def __getitem__(self, key: str) -> Any:
-        if key not in _OUTPUT_FIELDS:
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(_OUTPUT_FIELDS)
-
-    def __len__(self) -> int:
-        return len(_OUTPUT_FIELDS)
-
-    def copy(self) -> StepOutput:
-        return replace(self)
-
-
-_OUTPUT_FIELDS: Sequence[str] = tuple(f.name for f in fields(StepOutput))

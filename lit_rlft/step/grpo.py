@@ -9,14 +9,16 @@ One step, as named calls (:meth:`GRPOStep.run`)::
     advantages = group_advantages(...)                      # 5. group-relative advantages
     self.updater.update(rollouts, advantages, backend, ...) # 6. num_iterations x num_mini_batches optimizer steps
     self.sync_engine()                                      #    vLLM: push the new weights (HF: nothing to do)
-    # 7. the driver calls the callbacks' after-step hooks with the StepOutput
+    # 7. the driver calls the callbacks' after-step hooks with the StepOutput; a stop may be requested there
 
 Notation: ``B`` prompts (global), ``G = num_generations``, ``N = B * G``, ``W`` ranks. On ``W`` ranks, rank ``r``
 rolls out and trains on the ``r``-th slice of ``B / W`` prompts; the record holds every rank's outcomes.
 
 The step owns what a step needs: the rollout worker and its engine (set up once, in :meth:`attach`), the collective,
-the seeds, the global budget and reward-failure counts, the reference policy, the updater, and the step's metrics.
-It is the :class:`~lit_rlft.step.context.StepContext` that callbacks see.
+the seeds, the global budget and reward-failure counts, the reference policy, the updater, the step's metrics, the
+callbacks it was bound with (their rollout hooks and stop conditions) and validation. It is the
+:class:`~lit_rlft.step.context.StepContext` that callbacks see. :func:`~lit_rlft.step.builder.build_step` builds one
+from a :class:`~lit_rlft.step.builder.GRPOConfig`.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ import dataclasses
 import math
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -41,11 +43,14 @@ from lit_rlft.rollout.base import RolloutEngine, SamplingConfig, stop_token_ids
 from lit_rlft.rollout.worker import RolloutWorker, Split
 from lit_rlft.step.budget import RolloutBudget
 from lit_rlft.step.config import GenerationConfig, OptimConfig
-from lit_rlft.step.context import PromptData, RolloutHook, StepOutput
+from lit_rlft.step.context import PromptData, RolloutHook, StepOutput, StopCondition
 from lit_rlft.step.metrics import ValidationMetrics, rollout_metrics
 from lit_rlft.step.rewards_report import RewardFailureLog, failure_counts
 from lit_rlft.step.seeding import StepSeeds
 from lit_rlft.step.update import PolicyUpdater, UpdateBackend
+
+if TYPE_CHECKING:
+    from lit_rlft.step.builder import GRPOConfig
 
 __all__ = ["GRPOStep"]
 
@@ -82,12 +87,9 @@ class GRPOStep:
         loss = loss or GRPOLoss()
         if loss.max_completion_length is None:
             loss = dataclasses.replace(loss, max_completion_length=self.generation.max_completion_length)
-        self.loss_fn = loss
         self.scale_rewards = scale_rewards
-        o = self.optim
-        self.updater = PolicyUpdater(loss, self.generation.temperature, o.num_iterations, o.num_mini_batches,
-                                     o.micro_batch_size, o.max_grad_norm, o.max_nonfinite_skips,
-                                     micro_batch_tokens=o.micro_batch_tokens, padding_free=o.padding_free)
+        self.updater = PolicyUpdater(loss, self.generation.temperature, self.optim)  # the one holder of the loss
+        self.config: GRPOConfig | None = None  # what build_step built this step from
         self.tokenizer = tokenizer
         self.worker = RolloutWorker(engine, rewards, tokenizer, success_threshold)
         self.rewards = rewards  # through the setter: the step reports failures, not the scorer
@@ -101,6 +103,8 @@ class GRPOStep:
         self.reference: nn.Module | None = None  # frozen copy for the KL term (full fine-tuning with beta > 0)
         self.stop_token_ids: list[int] = []
         self.val_metrics: ValidationMetrics | None = None
+        self.last_validation: dict[str, float] = {}  # the metrics of the latest validation
+        self.callbacks: list[Any] = []  # bound by the driver: rollout hooks and stop conditions among them
         self._sink: MetricSink = lambda metrics, step: None
         self._text_sink: TextSink = lambda tag, text, step: None
         self._ends: Callable[[], bool] = lambda: False
@@ -109,14 +113,21 @@ class GRPOStep:
         self._generation_s = 0.0
         self._sync_s = 0.0
         self._no_signal_warned = -math.inf
+        self._stop: str | None = None
+        self._engine_stale = False  # weights changed since the engine last saw them (a checkpoint was loaded)
+        self._val_calls = 0
 
     # ------------------------------------------------------------------------------------------------ wiring
-    def bind(self, data: PromptData, collective: Collective | None = None, *, sink: MetricSink | None = None,
-             text_sink: TextSink | None = None, ends: Callable[[], bool] | None = None, log_dir: str | None = None,
-             stage: str = "fit") -> None:
-        """Connect the step to its prompt data, its ranks and its driver's logging and stop condition."""
+    def bind(self, data: PromptData, collective: Collective | None = None, *, callbacks: Sequence[Any] = (),
+             sink: MetricSink | None = None, text_sink: TextSink | None = None, ends: Callable[[], bool] | None = None,
+             log_dir: str | None = None, stage: str = "fit") -> None:
+        """Connect the step to its prompt data, its ranks, its callbacks (those that are :class:`RolloutHook` reshape
+        each batch, in order; :class:`StopCondition` ones can end training) and its driver's logging and own stop
+        condition (``ends``: e.g. ``max_steps`` reached). A stop requested in an earlier fit is forgotten."""
         self._data = data
         self.collective = collective or LocalCollective()
+        self.callbacks = list(callbacks)
+        self._stop = None
         self._sink = sink or self._sink
         self._text_sink = text_sink or self._text_sink
         self._ends = ends or self._ends
@@ -144,6 +155,17 @@ class GRPOStep:
         self.policy, self.reference = policy, reference
         self.stop_token_ids = stop_token_ids(hf_model(policy), self.tokenizer)
         self.engine.setup(policy, self.tokenizer, sharded=is_sharded(policy))
+        self._engine_stale = False  # set up from the current weights
+
+    @property
+    def loss_fn(self) -> GRPOLoss:
+        """The policy loss (the updater's)."""
+        return self.updater.loss_fn
+
+    @property
+    def hooks(self) -> list[RolloutHook]:
+        """The bound callbacks that reshape a step's batch, in callback order."""
+        return [cb for cb in self.callbacks if isinstance(cb, RolloutHook)]
 
     @property
     def engine(self) -> RolloutEngine:
@@ -189,8 +211,26 @@ class GRPOStep:
         if self.collective.rank == 0:
             self._text_sink(tag, text, self._log_step)
 
+    def request_stop(self, reason: str) -> None:
+        """End training after the step that just ran (the first reason is kept). The Trainer, ``FabricLoop`` and a
+        plain loop asking :meth:`ends_after_this_step` all honour it; every rank must request it alike."""
+        if self._stop is None:
+            self._stop = reason
+
+    @property
+    def stop_requested(self) -> str | None:
+        """Why training ends after this step: a :meth:`request_stop`, or a bound :class:`StopCondition` met
+        (asked now, so callbacks see it whatever their order); None when nothing asks for a stop."""
+        if self._stop is None:
+            for cb in self.callbacks:
+                reason = cb.stop_reason(self) if isinstance(cb, StopCondition) else None
+                if reason:
+                    self.request_stop(reason)
+                    break
+        return self._stop
+
     def ends_after_this_step(self) -> bool:
-        return bool(self._ends())
+        return self.stop_requested is not None or bool(self._ends())
 
     # ------------------------------------------------------------------------------------------------ rollouts
     def rollout(self, prompt_ids: np.ndarray, purpose: str = "train", split: Split = "train",
@@ -258,8 +298,10 @@ class GRPOStep:
         return ids
 
     # ------------------------------------------------------------------------------------------------ the step
-    def run(self, backend: UpdateBackend, hooks: Sequence[RolloutHook] = ()) -> StepOutput:
-        """One rollout step with ``backend`` doing the optimisation; the step's outputs (see :class:`StepOutput`)."""
+    def run(self, backend: UpdateBackend, hooks: Sequence[RolloutHook] | None = None) -> StepOutput:
+        """One rollout step with ``backend`` doing the optimisation; the step's outputs (see :class:`StepOutput`).
+        ``hooks``: the rollout hooks to run (default: the bound callbacks' :attr:`hooks`)."""
+        hooks = self.hooks if hooks is None else hooks
         if self.policy is None:
             raise RuntimeError("GRPOStep: no policy (call attach first)")
         t_step = time.perf_counter()
@@ -297,12 +339,25 @@ class GRPOStep:
         with self.policy.disable_adapter():
             return self.updater.model_logprobs(self.policy, rollouts, rows, self.device)[0]
 
-    def sync_engine(self) -> None:
+    def sync_engine(self, only_if_stale: bool = False) -> None:
         """Make the engine sample from the current weights (no-op for ``HFEngine``; a weight push for vLLM, timed
-        as ``time/weight_sync_s``). Every rank calls it (FSDP2 gathers)."""
+        as ``time/weight_sync_s``). Every rank calls it (FSDP2 gathers). ``only_if_stale``: only when the weights
+        changed since the engine last saw them other than by this step's own updates (a checkpoint was loaded),
+        as when training or validation starts: otherwise the last step's push stands."""
+        if only_if_stale and not self._engine_stale:
+            return
         t0 = time.perf_counter()
         self.engine.sync_weights(self.policy)
         self._sync_s = time.perf_counter() - t0
+        self._engine_stale = False
+
+    def start(self) -> None:
+        """Before training: the reference beside the policy, the engine on the current weights (once, if a restored
+        checkpoint changed them), the policy in training mode (a validation before fit leaves it in eval mode)."""
+        if self.reference is not None:
+            self.reference.to(self.device)
+        self.sync_engine(only_if_stale=True)
+        self.policy.train()
 
     def _metrics(self, rollouts: Rollouts, record: OutcomeRecord, trained: OutcomeRecord,
                  loss_metrics: dict[str, float], seconds: float) -> dict[str, float]:
@@ -345,11 +400,31 @@ class GRPOStep:
             warnings.warn(message, UserWarning, stacklevel=3)
 
     # ------------------------------------------------------------------------------------------------ validation
+    def validate(self, batches: Iterable[Any]) -> dict[str, float]:
+        """The validation pool's batches of global prompt ids through :meth:`begin_validation`,
+        :meth:`validation_batch` and :meth:`validation_results` (what the Trainer's validation loop calls one by
+        one); the ``val/...`` metrics, the same on every rank."""
+        self.begin_validation()
+        for batch in batches:
+            self.validation_batch(batch)
+        return self.validation_results()
+
+    def begin_validation(self) -> None:
+        """Before a validation: the engine on the current weights (if a restored checkpoint changed them)."""
+        self.sync_engine(only_if_stale=True)
+        self._val_calls = 0
+
     @torch.no_grad()
-    def validation_batch(self, prompt_ids: np.ndarray) -> None:
+    def validation_batch(self, prompt_ids: Any) -> None:
         """Sample the global validation ids ``[b]`` at the eval temperature; each rank rolls out its share and
-        updates its metric states (synced across ranks by :meth:`validation_results`)."""
-        ids = np.asarray(prompt_ids, dtype=np.int64)
+        updates its metric states (synced across ranks by :meth:`validation_results`).
+
+        Sampling is re-seeded from ``(seed, rollout step, batch, rank)``: a validation depends on the weights and
+        the seed only, never on what the process did before (a warm start in the same process, an earlier
+        validation), so ``lit-rlft validate`` of a checkpoint gives what the run's own validation gave."""
+        ids = np.asarray(prompt_ids.cpu() if isinstance(prompt_ids, Tensor) else prompt_ids, dtype=np.int64)
+        self.seeds.reseed(self.rollout_step, salt=2 + self._val_calls, rank=self.collective.rank)
+        self._val_calls += 1
         k = self.generation.eval_num_generations
         local_ids, valid = padded_shard(ids, self.collective.rank, self.collective.world_size)
         roll, _ = self.rollout(ids, purpose="eval", split="val", sampling=self.generation.eval_sampling,
@@ -367,6 +442,7 @@ class GRPOStep:
             return {}
         metrics = {f"val/{k}": v for k, v in self.val_metrics.compute().items()}
         self.val_metrics.reset()
+        self.last_validation = metrics
         return metrics
 
     # ------------------------------------------------------------------------------------------------ state
@@ -376,6 +452,9 @@ class GRPOStep:
                 "reward_totals": self.reward_failures.state_dict(), "updater": self.updater.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s counters; the weights restored with them are pushed to the engine when
+        training or validation starts."""
+        self._engine_stale = True
         self.rollout_step = int(state.get("rollout_step", 0))
         self.budget.load_state_dict(state.get("budget", {}))
         self.reward_failures.load_state_dict(state.get("reward_totals", {}))

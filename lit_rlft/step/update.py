@@ -19,11 +19,12 @@ compute the gradient that one rank holding the whole batch computes (up to float
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -35,6 +36,7 @@ from lit_rlft.core.loss_masks import entropy_threshold
 from lit_rlft.core.losses import GRPOLoss, LossOutput
 from lit_rlft.core.types import Rollouts
 from lit_rlft.step.batching import padding_share, sequence_logprobs, token_budget_micro_batches
+from lit_rlft.step.config import OptimConfig
 
 __all__ = ["NonFiniteUpdateError", "PolicyUpdater", "TorchBackend", "UpdateBackend", "clip_grad_norm",
            "sequence_logprobs"]
@@ -92,15 +94,11 @@ class PolicyUpdater:
     Args:
         loss_fn: the per-micro-batch loss (:class:`~lit_rlft.core.losses.GRPOLoss`).
         temperature: sampling temperature, applied to training logits as well (TRL does the same).
-        num_iterations: passes over the batch (PPO epochs).
-        num_mini_batches: optimizer steps per pass.
-        micro_batch_size: rows per forward/backward (``None``: the whole mini-batch).
-        micro_batch_tokens: tokens per forward/backward instead (see :mod:`lit_rlft.step.batching`); padded passes
-            are then trimmed to each micro-batch's longest prompt and completion.
-        padding_free: packed (padding-free) forward passes.
-        max_grad_norm: clip the global gradient norm (0 = off).
-        max_nonfinite_skips: stop (:class:`NonFiniteUpdateError`) after this many consecutive optimizer steps with
-            a non-finite loss or gradient (0 = never stop).
+        optim: how the batch is split and stepped (:class:`~lit_rlft.step.config.OptimConfig`: ``num_iterations``,
+            ``num_mini_batches``, ``micro_batch_size`` or ``micro_batch_tokens``, ``padding_free``, ``max_grad_norm``,
+            ``max_nonfinite_skips``; the optimizer's own settings are the backend's business).
+        **options: those fields given one by one instead (``PolicyUpdater(loss, 1.0, micro_batch_size=4)``), or
+            overriding ``optim``'s; checked by ``OptimConfig``.
 
     Everything computed over the batch is global, so ``W`` ranks equal one rank holding the whole batch: the loss
     normaliser (:meth:`GRPOLoss.micro_batch_weight` summed over micro-batches and ranks), the threshold of
@@ -115,20 +113,15 @@ class PolicyUpdater:
     business (it skips the step and lowers its scale) and are left to it.
     """
 
-    def __init__(self, loss_fn: GRPOLoss, temperature: float, num_iterations: int = 1, num_mini_batches: int = 1,
-                 micro_batch_size: int | None = None, max_grad_norm: float = 1.0, max_nonfinite_skips: int = 3,
-                 micro_batch_tokens: int | None = None, padding_free: bool = False):
-        if max_nonfinite_skips < 0:
-            raise ValueError(f"max_nonfinite_skips must be >= 0 (0 = never stop), got {max_nonfinite_skips}")
+    def __init__(self, loss_fn: GRPOLoss, temperature: float, optim: OptimConfig | None = None, **options: Any):
+        o = dataclasses.replace(optim or OptimConfig(), **options)
+        self.optim = o
         self.loss_fn = loss_fn
         self.temperature = temperature
-        self.num_iterations = num_iterations
-        self.num_mini_batches = num_mini_batches
-        self.micro_batch_size = micro_batch_size
-        self.micro_batch_tokens = micro_batch_tokens
-        self.padding_free = padding_free
-        self.max_grad_norm = max_grad_norm
-        self.max_nonfinite_skips = max_nonfinite_skips
+        self.num_iterations, self.num_mini_batches = o.num_iterations, o.num_mini_batches
+        self.micro_batch_size, self.micro_batch_tokens = o.micro_batch_size, o.micro_batch_tokens
+        self.padding_free, self.max_grad_norm, self.max_nonfinite_skips = (o.padding_free, o.max_grad_norm,
+                                                                           o.max_nonfinite_skips)
         self.entropy_control = AdaptiveEntropyCoef.from_loss(loss_fn)
         self.skips_in_a_row = 0
         self.skips_total = 0
@@ -176,9 +169,10 @@ class PolicyUpdater:
     ) -> dict[str, float]:
         """Train on this rank's ``N`` rows with ``advantages`` ``[N]``; return this rank's mean statistics.
 
-        pi_old is the policy that generated the fresh rows: with one optimizer step per batch it equals the current
-        policy, so its log-probs come from the same forward pass; otherwise a no-grad pass computes them first.
-        ``rollouts.old_logprobs`` holds them afterwards (the replay buffer stores them as the behaviour policy mu).
+        pi_old is the policy before this update: with one optimizer step per batch it equals the current policy, so
+        its log-probs come from the same forward pass; otherwise a no-grad pass computes them first. The update is
+        the one writer of ``rollouts.behaviour_logprobs`` (the rule: :class:`~lit_rlft.core.types.Rollouts`): it
+        completes the fresh rows' mu, which the replay buffer stores.
         """
         collective = collective or LocalCollective()
         world = collective.world_size
@@ -309,19 +303,17 @@ class PolicyUpdater:
                                           entropy_grad=loss_fn.entropy_bonus)  # [n, L] each
         mask = rollouts.completion_mask[rows].to(device)  # [n, L]
         old_rows = logprobs.detach() if old is None else old[rows].to(device)  # [n, L]
-        behaviour = replay_rows = None
-        engine = rollouts.engine_logprobs  # mu of fresh rows, when the engine reported it
+        engine = rollouts.engine_logprobs
+        replay_rows = rollouts.is_replay.repeat_interleave(rollouts.group_size)[rows].to(device)  # [n]
+        fresh_mu = engine[rows].to(device) if engine is not None else old_rows  # [n, L] mu of fresh rows (the rule)
+        behaviour = None  # without replayed groups or engine log-probs, mu = pi_old: TRL's loss, no weights
         if bool(rollouts.is_replay.any()) or engine is not None:
-            replay_rows = rollouts.is_replay.repeat_interleave(rollouts.group_size)[rows].to(device)  # [n]
-            fresh_mu = engine[rows].to(device) if engine is not None else old_rows  # [n, L]
             behaviour = fresh_mu
             if bool(replay_rows.any()):
                 if rollouts.behaviour_logprobs is None:
-                    raise RuntimeError("replayed groups need behaviour_logprobs (set by the replay callback)")
+                    raise RuntimeError("replayed groups need behaviour_logprobs (the mu stored when they were fresh)")
                 behaviour = torch.where(replay_rows[:, None], rollouts.behaviour_logprobs[rows].to(device), fresh_mu)
-        if rollouts.old_logprobs is None:
-            rollouts.old_logprobs = torch.zeros(rollouts.completion_tokens.shape, dtype=torch.float32)
-        rollouts.old_logprobs[rows] = old_rows.detach().float().cpu()
+        _record_behaviour(rollouts, rows, replay_rows.cpu(), fresh_mu)
         ref = ref_logprobs(rollouts, rows) if ref_logprobs is not None else None
         extra: dict[str, object] = {}
         if loss_fn.mask_truncated_completions:
@@ -343,6 +335,15 @@ class PolicyUpdater:
 
     def load_state_dict(self, state: dict[str, float]) -> None:
         self.entropy_control.load_state_dict(state)
+
+
+def _record_behaviour(rollouts: Rollouts, rows: Tensor, replay_rows: Tensor, fresh_mu: Tensor) -> None:
+    """Write mu of the fresh rows among ``rows`` ``[n]`` into ``rollouts.behaviour_logprobs`` ``[N, L]`` (replayed
+    rows keep the mu they were stored with)."""
+    if rollouts.behaviour_logprobs is None:
+        rollouts.behaviour_logprobs = torch.zeros(rollouts.completion_tokens.shape, dtype=torch.float32)
+    fresh = rows[~replay_rows]
+    rollouts.behaviour_logprobs[fresh] = fresh_mu.detach()[~replay_rows.to(fresh_mu.device)].float().cpu()
 
 
 def _sum_lists(parts: list[list[float]]) -> list[float]:

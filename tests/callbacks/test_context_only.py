@@ -27,7 +27,7 @@ from lit_rlft.callbacks import (
 from lit_rlft.core.types import OutcomeRecord, Rollouts
 from lit_rlft.models.tiny import TinyConfig, char_tokenizer, tiny_qwen2
 from lit_rlft.step import LocalCollective, RolloutBudget, StepContext, StepOutput
-from lit_rlft.step.context import PromptData, RolloutHook
+from lit_rlft.step.context import PromptData, RolloutHook, StopCondition
 from tests.conftest import TINY_SMALL, countdown_dm
 
 G, L_MAX = 4, 6
@@ -69,6 +69,8 @@ class FakeContext:
         self.texts: dict[str, str] = {}
         self.gen = torch.Generator().manual_seed(0)
         self.ends_at = ends_at
+        self.callbacks: list = []  # what a driver binds: the stop conditions among them are asked, as GRPOStep does
+        self.stopped: str | None = None
 
     def rollout(self, prompt_ids: np.ndarray, purpose: str = "train") -> tuple[Rollouts, OutcomeRecord]:
         ids = np.asarray(prompt_ids, dtype=np.int64)
@@ -80,7 +82,7 @@ class FakeContext:
             prompt_mask=torch.ones(n, 5, dtype=torch.long), completion_tokens=comp,
             completion_mask=torch.ones(n, L_MAX, dtype=torch.long), rewards=rewards, correct=rewards >= 1,
             birth_step=torch.full((b,), self.rollout_step), is_replay=torch.zeros(b, dtype=torch.bool),
-            truncated=torch.ones(n, dtype=torch.bool), old_logprobs=-torch.rand(n, L_MAX, generator=self.gen),
+            truncated=torch.ones(n, dtype=torch.bool), behaviour_logprobs=-torch.rand(n, L_MAX, generator=self.gen),
             completions=["x"] * n, prompts=["p"] * b,
         )
         self.budget.add(b, n, n * L_MAX, 0.0, purpose)
@@ -96,12 +98,20 @@ class FakeContext:
     def log_text(self, tag: str, text: str) -> None:
         self.texts[tag] = text
 
+    def request_stop(self, reason: str) -> None:
+        self.stopped = self.stopped or reason
+
     def ends_after_this_step(self) -> bool:
-        return self.rollout_step >= self.ends_at
+        for cb in self.callbacks:
+            reason = cb.stop_reason(self) if isinstance(cb, StopCondition) else None
+            if reason:
+                self.request_stop(reason)
+        return self.stopped is not None or self.rollout_step >= self.ends_at
 
 
 def _drive(ctx: FakeContext, callbacks: list, steps: int = 3) -> list[StepOutput]:
     """What GRPOStep and its drivers do with callbacks, through the context-level methods only."""
+    ctx.callbacks = list(callbacks)
     for cb in callbacks:
         cb.setup_step(ctx)
     for cb in callbacks:
@@ -173,12 +183,20 @@ def test_replay_and_dynamic_sampling_reshape_batches_through_the_context(tmp_pat
     assert extra_groups > 0 and ctx.budget.by_purpose["dynamic_sampling"] == extra_groups * G
 
 
-def test_loggers_budget_stop_and_recorder_use_the_context_only(tmp_path):
+def test_loggers_and_recorder_use_the_context_only(tmp_path):
     ctx = FakeContext(tmp_path, ends_at=2)
-    recorder, stop = SuccessRateRecorder(), RolloutBudgetStop(max_completions=32)
-    _drive(ctx, [DPSCallback(), BatchCompositionLogger("difficulty"), CompletionLogger(every_n_steps=1), recorder,
-                 stop], steps=2)
+    recorder = SuccessRateRecorder()
+    _drive(ctx, [DPSCallback(), BatchCompositionLogger("difficulty"), CompletionLogger(every_n_steps=1), recorder],
+           steps=2)
     assert "composition/distinct_prompts" in ctx.logged and "completions" in ctx.texts
     assert len((tmp_path / "success_rates.jsonl").read_text().splitlines()) == 8  # 2 steps x 4 prompts
-    assert stop.exhausted(ctx)  # 2 steps x 4 prompts x G=4 = 32 completions
     assert ctx.data.plan.scheduled is None  # the context said training ends: no next batch was planned
+
+
+def test_the_budget_stop_is_a_stop_condition_that_planners_listed_before_it_see(tmp_path):
+    ctx = FakeContext(tmp_path)
+    stop = RolloutBudgetStop(max_completions=32)
+    _drive(ctx, [DPSCallback(), stop], steps=2)  # DPS plans in its after_step, before the stop's own turn
+    assert stop.exhausted(ctx)  # 2 steps x 4 prompts x G=4 = 32 completions
+    assert ctx.data.plan.scheduled is None  # DPS asked and learnt that training ends: no third batch was planned
+    assert ctx.stopped == "RolloutBudgetStop: 32 completions generated, max_completions=32"

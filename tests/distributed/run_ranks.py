@@ -3,7 +3,8 @@
     python tests/distributed/run_ranks.py --out DIR --devices 2 --launcher trainer --strategy ddp \
         --callbacks dps,replay --steps 4
 
-Lightning (or Fabric) starts the other ranks by re-running this script. Every rank writes ``DIR/rank<r>.json``:
+Lightning (or Fabric) starts the other ranks by re-running this script. The Trainer runs a ``GRPOModule``; Fabric runs
+``FabricLoop`` over a ``GRPOConfig`` (no LightningModule); the probe is a step callback, so it records both alike. Every rank writes ``DIR/rank<r>.json``:
 per step, the prompts it trained on (fresh and replayed), the global batch, the plan for the next step and a digest
 of every callback's state; at the end a digest of the parameters. With ``--dump`` it also saves the first step's
 rollouts and gradients (``DIR/rank<r>.pt``) for the 1-rank-vs-2-ranks check.
@@ -31,7 +32,10 @@ TINY_SMALL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 
               "intermediate_size": 128, "head_dim": 64}
 
 
-class Probe(L.Callback):
+from lit_rlft.callbacks.base import StepCallback  # noqa: E402
+
+
+class Probe(StepCallback):
     """Last in the callback list: records what each step trained on and the state every callback ended it with."""
 
     def __init__(self, out: Path, rank: int, dump: bool):
@@ -43,39 +47,38 @@ class Probe(L.Callback):
         self.after_first: dict[str, torch.Tensor] | None = None
         self.updater_after_first: dict[str, float] | None = None
 
-    def on_fit_start(self, trainer, pl_module):
+    def setup_step(self, ctx):
         if self.dump:
-            self.before = _full_params(pl_module.policy)
+            self.before = _full_params(ctx.policy)
 
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):  # the Trainer's hook: --dump runs there
         if self.dump and self.grads is None:
             self.grads = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
                           for n, p in pl_module.policy.named_parameters() if p.grad is not None}
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        r, record = outputs["rollouts"], outputs["record"]
+    def after_step(self, ctx, output):
+        r, record = output.rollouts, output.record
         if self.dump and self.rollouts is None:
-            self.rollouts, self.after_first = r, _full_params(pl_module.policy)
-            self.updater_after_first = pl_module.grpo.updater.state_dict()  # the adaptive entropy coefficient
-        scheduled = trainer.datamodule.plan.scheduled
+            self.rollouts, self.after_first = r, _full_params(ctx.policy)
+            self.updater_after_first = ctx.updater.state_dict()  # the adaptive entropy coefficient
+        scheduled = ctx.data.plan.scheduled
         self.steps.append({
             "fresh": sorted(r.prompt_ids[~r.is_replay].tolist()),
             "replayed": sorted(r.prompt_ids[r.is_replay].tolist()),
             "global": sorted(record.trained_batch().prompt_ids.tolist()),
             "observed": sorted(record.fresh().prompt_ids.tolist()),
             "scheduled": None if scheduled is None else scheduled.tolist(),
-            "plan": digest(trainer.datamodule.state_dict()),
-            "callbacks": {type(cb).__name__: digest(cb.state_dict()) for cb in trainer.callbacks
+            "plan": digest(ctx.data.state_dict()),
+            "callbacks": {type(cb).__name__: digest(cb.state_dict()) for cb in ctx.callbacks
                           if type(cb).__name__ in SELECTION},
-            "budget": pl_module.grpo.budget.completions,
+            "budget": ctx.budget.completions,
         })
 
-    def finish(self, module) -> None:
-        params = _full_params(module.policy)
-        result = {"steps": self.steps, "params": digest(params), "rollout_step": module.grpo.rollout_step,
-                  "budget": module.grpo.budget.state_dict(),
-                  "reward_totals": module.grpo.reward_failures.totals,
-                  "last_eval": module.last_eval}
+    def finish(self, step) -> None:
+        params = _full_params(step.policy)
+        result = {"steps": self.steps, "params": digest(params), "rollout_step": step.rollout_step,
+                  "budget": step.budget.state_dict(), "reward_totals": step.reward_failures.totals,
+                  "last_eval": step.last_validation}
         (self.out / f"rank{self.rank}.json").write_text(json.dumps(result))
         if self.dump:
             torch.save({"rollouts": self.rollouts, "grads": self.grads, "before": self.before,
@@ -110,12 +113,12 @@ class RaisingEngine:
         return _Raising()
 
 
-class PlanDrift(L.Callback):
+class PlanDrift(StepCallback):
     """Schedules other prompts on rank 1 than on rank 0 after step 0 (a selection state that drifted)."""
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if batch_idx == 0 and trainer.global_rank == 1:
-            plan = trainer.datamodule.plan
+    def after_step(self, ctx, output):
+        if output.step == 0 and ctx.collective.rank == 1:
+            plan = ctx.data.plan
             plan.schedule(list(range(plan.batch_size, 2 * plan.batch_size)), source="drift")
 
 
@@ -173,7 +176,16 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    from lit_rlft import GenerationConfig, GRPOLoss, GRPOModule, LoRAConfig, OptimConfig, PromptDataModule, TinyConfig
+    from lit_rlft import (
+        GenerationConfig,
+        GRPOConfig,
+        GRPOLoss,
+        GRPOModule,
+        LoRAConfig,
+        OptimConfig,
+        PromptDataModule,
+        TinyConfig,
+    )
     from lit_rlft.data import CountdownTask
 
     L.seed_everything(0, verbose=False)
@@ -184,7 +196,7 @@ def main() -> None:
         engine = VLLMEngine(dtype="float32", max_model_len=64, kv_cache_memory_bytes=32 * 2**20)
     elif a.engine == "raise-on-rank-1":
         engine = RaisingEngine()
-    module = GRPOModule(
+    settings = dict(
         engine=engine, model="tiny", tiny=TinyConfig(**TINY_SMALL), reward_funcs=[a.reward],
         generation=GenerationConfig(num_generations=4, max_completion_length=8),
         loss=GRPOLoss(**dict(_option(kv) for kv in a.loss.split(",") if kv)),
@@ -213,9 +225,9 @@ def main() -> None:
         probe = Probe(out, fabric.global_rank, a.dump)
         loop = FabricLoop(fabric, max_steps=a.steps, callbacks=[*callbacks, probe],
                           val_every_n_steps=2 if a.val else None)
-        loop.fit(module, dm)
-        probe.finish(module)
+        probe.finish(loop.fit(GRPOConfig(**settings), dm))
         return
+    module = GRPOModule(**settings)
     if a.strategy == "fsdp2":
         from lightning.pytorch.strategies import ModelParallelStrategy
 
@@ -237,7 +249,7 @@ def main() -> None:
     )
     probe.rank = trainer.global_rank
     trainer.fit(module, datamodule=dm, ckpt_path=a.resume)
-    probe.finish(module)
+    probe.finish(module.grpo)
 
 
 if __name__ == "__main__":

@@ -178,7 +178,7 @@ def _assert_one_rank_gradient(out: Path, loss: dict | None = None) -> None:
     module.configure_model()
     module.policy.load_state_dict(d0["before"], strict=False)  # the tied LM head is not a parameter of its own
     batch = Rollouts.concat([d0["rollouts"], d1["rollouts"]])
-    batch.old_logprobs = None  # filled by the update, as on the ranks
+    batch.behaviour_logprobs = None  # filled by the update, as on the ranks
     opt = adamw_with_warmup(module.policy.parameters(), 1e-3, (0.9, 0.99), 0.0, 0, "constant", None)
     grads: dict[str, torch.Tensor] = {}
 

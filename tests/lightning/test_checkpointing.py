@@ -19,7 +19,7 @@ from lit_rlft.lightning.checkpointing import (
     check_checkpoint,
     use_atomic_checkpoint_io,
 )
-from tests.conftest import countdown_dm, tiny_module, tiny_trainer
+from tests.conftest import countdown_dm, tiny_config, tiny_trainer
 
 STATE = {"state_dict": {"w": torch.arange(1000, dtype=torch.float32)}, "global_step": 3}
 
@@ -174,11 +174,11 @@ def test_fabric_loop_writes_atomically_and_refuses_a_truncated_checkpoint(tmp_pa
     fabric.launch()
     loop = FabricLoop(fabric, max_steps=1, checkpoint_dir=str(tmp_path), checkpoint_every_n_steps=1)
     assert isinstance(fabric.strategy.checkpoint_io, AtomicCheckpointIO)
-    loop.fit(tiny_module(), countdown_dm(size=8, batch_size=4))
+    loop.fit(tiny_config(), countdown_dm(size=8, batch_size=4))
     saved = tmp_path / "step=1.ckpt"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step=1.ckpt"]
     saved.write_bytes(saved.read_bytes()[:1000])
     fresh = FabricLoop(L.Fabric(accelerator="cpu", devices=1), max_steps=2)
     with pytest.raises(CheckpointError, match=rf"^checkpoint '{saved}' is not a lit_rlft / Lightning checkpoint, or "
                                               r"is truncated \(no zip end-of-archive record in its 1000 bytes\)$"):
-        fresh.fit(tiny_module(), countdown_dm(size=8, batch_size=4), ckpt_path=str(saved))
+        fresh.fit(tiny_config(), countdown_dm(size=8, batch_size=4), ckpt_path=str(saved))

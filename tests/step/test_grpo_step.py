@@ -1,94 +1,146 @@
-"""GRPOStep runs the same under the Trainer, Fabric and a plain PyTorch loop, and sets its engine up exactly once."""
+"""GRPOStep stands on its own: the plain PyTorch loop of docs/design.md (no Trainer, no Fabric, no LightningModule)
+trains what the Trainer trains and stops on its budget; the engine is set up once and pushed only when its weights
+are stale; a stop requested through the context ends every driver."""
 
 from __future__ import annotations
 
+import re
+
 import lightning as L
+import pytest
 import torch
 
-from lit_rlft.callbacks import DPSCallback, ReplayCallback
-from lit_rlft.core.distributed import LocalCollective
+from lit_rlft import GRPOModule, build_step
+from lit_rlft.callbacks import DPSCallback, ReplayCallback, RolloutBudgetStop
+from lit_rlft.callbacks.base import StepCallback
 from lit_rlft.lightning.fabric import FabricLoop
 from lit_rlft.rollout.hf import HFEngine
-from lit_rlft.step import TorchBackend
-from lit_rlft.step.context import RolloutHook
-from lit_rlft.step.optim import configure_adamw
 from tests.callbacks.test_strategies import CoinRewards
-from tests.conftest import countdown_dm, tiny_module, tiny_trainer
+from tests.conftest import REPO, countdown_dm, tiny_config, tiny_module, tiny_trainer
+
+COIN = "tests.distributed.helpers.coin_reward"  # torch's generator, re-seeded per step: the same in every driver
 
 
 class CountingEngine(HFEngine):
-    """The HF engine, counting its set-ups."""
+    """The HF engine, counting its set-ups and weight pushes."""
 
-    setups = 0
+    setups = syncs = 0
 
     def setup(self, *args, **kwargs):
         type(self).setups += 1
         super().setup(*args, **kwargs)
 
+    def sync_weights(self, model):
+        type(self).syncs += 1
+        super().sync_weights(model)
 
-def _module(**kw):
-    module = tiny_module(learning_rate=1e-3, **kw)
+
+class Trained(StepCallback):
+    """What each step trained: the global batch's prompt ids (fresh and replayed), in order."""
+
+    def __init__(self):
+        self.ids: list[list[int]] = []
+
+    def after_step(self, ctx, output):
+        self.ids.append(output.record.trained_batch().prompt_ids.tolist())
+
+
+def _plain_block() -> str:
+    block = re.search(r"<!-- doctest: plain\b.*?-->\n```\w*\n(.*?)```", (REPO / "docs" / "design.md").read_text(),
+                      re.S).group(1)
+    for needed in ('reward_funcs=["lit_rlft.rewards.countdown_reward"]', "RolloutBudgetStop(max_completions=160)]"):
+        assert needed in block, f"docs/design.md's plain loop changed: {needed!r} is gone"
+    return block
+
+
+def test_the_plain_loop_of_the_design_notes_trains_what_the_trainer_trains_and_stops_on_its_budget(tmp_path, capsys):
+    # The block as written, with coin-flip rewards (groups a mix of effective and degenerate ones) and a recorder.
+    code = _plain_block().replace("lit_rlft.rewards.countdown_reward", COIN)
+    code = code.replace("RolloutBudgetStop(max_completions=160)]", "RolloutBudgetStop(max_completions=160), trained]")
+    plain = {"trained": Trained()}
+    exec(compile(code, "docs/design.md", "exec"), plain)  # noqa: S102 - the documented loop itself
+    step, stop_line = plain["step"], capsys.readouterr().out.strip().splitlines()[-1]
+    assert not any(isinstance(v, (L.Trainer, L.Fabric, L.LightningModule)) for v in plain.values())
+    assert stop_line == f"RolloutBudgetStop: {step.budget.completions} completions generated, max_completions=160"
+    assert 160 <= step.budget.completions < 160 + 32  # stopped after the step that crossed the budget
+
+    # The same run under the Trainer: max_steps far away, the budget stops it.
+    from lit_rlft import CountdownTask, GenerationConfig, OptimConfig, PromptDataModule
+
+    module = GRPOModule(model="tiny", reward_funcs=[COIN], optim=OptimConfig(learning_rate=1e-4),
+                        generation=GenerationConfig(num_generations=4, max_completion_length=8))
+    trained = Trained()
+    data = PromptDataModule(train=CountdownTask(size=200, split="train"), answer_field=None, batch_size=8)
+    tiny_trainer(tmp_path, max_steps=100, callbacks=[DPSCallback(), ReplayCallback(delta=0.5, capacity=16),
+                                                     RolloutBudgetStop(max_completions=160), trained]).fit(
+        module, datamodule=data)
+    assert module.grpo.rollout_step == step.rollout_step and len(trained.ids) == step.rollout_step >= 4
+    assert trained.ids == plain["trained"].ids
+    assert plain["callbacks"][1].buffer.prompt_ids(), "nothing was stored for replay: the test would not see it"
+    assert module.grpo.budget.state_dict() | {"generation_s": 0} == step.budget.state_dict() | {"generation_s": 0}
+    for (name, a), (_, b) in zip(module.policy.named_parameters(), step.policy.named_parameters()):
+        assert torch.equal(a, b), name
+
+
+def _step(**kw):
+    step = build_step(tiny_config(learning_rate=1e-3, **kw), models=False)
+    step.rewards = CoinRewards(0.5)
+    return step
+
+
+def test_the_engine_is_set_up_once_and_pushed_only_when_its_weights_are_stale(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    # Trainer: one set-up; one push per rollout step (validation during fit and after it pushes nothing more).
+    CountingEngine.setups = CountingEngine.syncs = 0
+    module = tiny_module(learning_rate=1e-3, engine=CountingEngine())
     module.grpo.rewards = CoinRewards(0.5)
-    return module
-
-
-def test_the_engine_is_set_up_once_under_the_trainer_and_once_under_fabric(tmp_path):
-    CountingEngine.setups = 0
-    module = _module(engine=CountingEngine())
-    trainer = tiny_trainer(tmp_path, max_steps=2)
+    trainer = tiny_trainer(tmp_path / "t", max_steps=4, val_check_interval=2, check_val_every_n_epoch=None,
+                           enable_checkpointing=True, limit_val_batches=1,
+                           callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)])
     dm = countdown_dm(size=48, batch_size=4, val=True)
     trainer.fit(module, datamodule=dm)
-    trainer.validate(module, datamodule=dm, verbose=False)  # configure_model again: the same policy, no new set-up
-    assert CountingEngine.setups == 1
+    trainer.validate(module, datamodule=dm, verbose=False)  # configure_model again: the same policy
+    assert (CountingEngine.setups, CountingEngine.syncs) == (1, 4)
 
-    CountingEngine.setups = 0
-    module = _module(engine=CountingEngine())
-    loop = FabricLoop(L.Fabric(accelerator="cpu", devices=1), max_steps=2, progress_bar=False)
-    loop.fit(module, countdown_dm(size=48, batch_size=4, val=True))
+    # A Trainer resume: the restored weights are pushed once, then one push per step.
+    CountingEngine.setups = CountingEngine.syncs = 0
+    module = tiny_module(learning_rate=1e-3, engine=CountingEngine())
+    module.grpo.rewards = CoinRewards(0.5)
+    tiny_trainer(tmp_path / "r", max_steps=4).fit(module, datamodule=countdown_dm(size=48, batch_size=4),
+                                                  ckpt_path=str(tmp_path / "ckpt" / "epoch=0-step=2.ckpt"))
+    assert (CountingEngine.setups, CountingEngine.syncs) == (1, 1 + 2)
+
+    # Fabric: the same, from a config; its resume pushes once (not once in load and again at the start).
+    CountingEngine.setups = CountingEngine.syncs = 0
+    loop = FabricLoop(L.Fabric(accelerator="cpu", devices=1), max_steps=4, progress_bar=False)
+    loop.fit(_step(engine=CountingEngine()), countdown_dm(size=48, batch_size=4, val=True),
+             ckpt_path=str(tmp_path / "ckpt" / "epoch=0-step=2.ckpt"))
     loop.validate()
-    assert CountingEngine.setups == 1
+    assert (CountingEngine.setups, CountingEngine.syncs) == (1, 1 + 2)
 
 
-def _trainer_run(tmp_path):
-    L.seed_everything(0, verbose=False)
-    module = _module()
-    tiny_trainer(tmp_path, max_steps=3, callbacks=[DPSCallback(), ReplayCallback(delta=0.5, capacity=8)]).fit(
-        module, datamodule=countdown_dm(size=48, batch_size=4))
-    return module
+class StopAfter(StepCallback):
+    """Requests a stop through the context after rollout step ``n``."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def after_step(self, ctx, output):
+        if output.step == self.n:
+            ctx.request_stop(f"asked after step {self.n}")
 
 
-def _plain_torch_run():
-    """The same run without Lightning: the step, a TorchBackend, and the callbacks' context-level hooks."""
-    L.seed_everything(0, verbose=False)
-    module = _module()  # used only to build the step and the policy the way the Trainer run does
-    module.build_policy()
-    step = module.grpo
-    step.attach(module.policy)
-    data = countdown_dm(size=48, batch_size=4)
-    data.setup("fit")
-    step.bind(data, LocalCollective())
-    config = configure_adamw(module.policy, step.optim, total_steps=3)
-    backend = TorchBackend(module.policy, config["optimizer"], config["lr_scheduler"]["scheduler"])
-    callbacks = [DPSCallback(), ReplayCallback(delta=0.5, capacity=8)]
-    for cb in callbacks:
-        cb.setup_step(step)
-    for cb in callbacks:
-        cb.before_first_step(step)
-    for _ in range(3):
-        out = step.run(backend, hooks=[cb for cb in callbacks if isinstance(cb, RolloutHook)])
-        for cb in callbacks:
-            cb.after_step(step, out)
-    step.close()
-    return module
-
-
-def test_a_plain_pytorch_loop_trains_what_the_trainer_trains(tmp_path):
-    trainer_module, plain_module = _trainer_run(tmp_path), _plain_torch_run()
-    assert plain_module.grpo.rollout_step == trainer_module.grpo.rollout_step == 3
-    plain, trained = plain_module.grpo.budget.state_dict(), trainer_module.grpo.budget.state_dict()
-    assert {**plain, "generation_s": 0} == {**trained, "generation_s": 0}  # everything but wall time
-    for (name, a), (_, b) in zip(trainer_module.policy.named_parameters(), plain_module.policy.named_parameters()):
-        assert torch.equal(a, b), name
+@pytest.mark.parametrize("driver", ["trainer", "fabric"])
+def test_a_stop_requested_through_the_context_ends_either_driver(tmp_path, driver):
+    if driver == "trainer":
+        module = tiny_module(learning_rate=1e-3)
+        tiny_trainer(tmp_path, max_steps=10, callbacks=[StopAfter(1)]).fit(module, datamodule=countdown_dm())
+        step = module.grpo
+    else:
+        step = FabricLoop(L.Fabric(accelerator="cpu", devices=1), max_steps=10, callbacks=[StopAfter(1)],
+                          progress_bar=False).fit(tiny_config(), countdown_dm())
+    assert step.rollout_step == 2 and step.stop_requested == "asked after step 1"
 
 
 def test_a_scorer_set_on_the_step_leaves_failure_reports_to_the_step():
@@ -96,10 +148,10 @@ def test_a_scorer_set_on_the_step_leaves_failure_reports_to_the_step():
     own rank-local warning as well."""
     from lit_rlft.rewards import RewardRunner, countdown_reward
 
-    module = tiny_module()
-    assert module.grpo.rewards.report is False  # the one built with the module
+    step = build_step(tiny_config(), models=False)
+    assert step.rewards.report is False  # the one the builder made
     runner = RewardRunner([countdown_reward])
     assert runner.report is True
-    module.grpo.rewards = runner
-    assert runner.report is False and module.grpo.rewards is runner
+    step.rewards = runner
+    assert runner.report is False and step.rewards is runner
     runner.close()
