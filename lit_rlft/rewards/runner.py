@@ -356,13 +356,10 @@ class RewardRunner:
 
 
 def _is_rank_zero() -> bool:
-    """Whether this process is global rank 0 (Lightning's notion when set, else the ``RANK`` variable)."""
-    try:
-        from lightning.fabric.utilities.rank_zero import rank_zero_only
+    """Whether this process is global rank 0: the initialised process group's rank, else the launcher's ``RANK``
+    variable (set by torchrun, Lightning and Fabric before the group exists)."""
+    import torch.distributed as dist
 
-        rank = getattr(rank_zero_only, "rank", None)
-    except ImportError:  # pragma: no cover - lightning is a dependency
-        rank = None
-    if rank is None:
-        rank = int(os.environ.get("RANK", "0") or 0)
-    return rank == 0
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    return int(os.environ.get("RANK", "0") or 0) == 0

@@ -6,6 +6,7 @@ copy of the weights, synced after each optimizer step) are interchangeable.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -24,14 +25,24 @@ class SamplingConfig:
     max_new_tokens: int = 256
 
     def __post_init__(self) -> None:
-        if self.temperature <= 0:
-            raise ValueError(f"sampling.temperature must be > 0 (greedy decoding is not a policy), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.top_k < 0:
-            raise ValueError(f"sampling.top_k must be >= 0 (0 = off), got {self.top_k}")
+        check_sampling(self.temperature, self.top_p, self.top_k, self.max_new_tokens)
+
+
+def check_sampling(temperature: float, top_p: float, top_k: int, max_new_tokens: int, prefix: str = "sampling.",
+                   names: Mapping[str, str] | None = None) -> None:
+    """The one check of sampling values (``SamplingConfig`` and ``GenerationConfig`` call it); the error names the
+    option as the user gave it: ``prefix + name``, or ``names[name]`` (e.g. ``max_new_tokens`` is
+    ``model.generation.max_completion_length``)."""
+    name = {k: prefix + k for k in ("temperature", "top_p", "top_k", "max_new_tokens")} | dict(names or {})
+    if temperature <= 0:
+        raise ValueError(f"{name['temperature']} must be > 0 (sampling: greedy decoding is not a policy), got "
+                         f"{temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"{name['top_p']} must be in (0, 1], got {top_p}")
+    if top_k < 0:
+        raise ValueError(f"{name['top_k']} must be >= 0 (0 = off), got {top_k}")
+    if max_new_tokens < 1:
+        raise ValueError(f"{name['max_new_tokens']} must be >= 1, got {max_new_tokens}")
 
 
 @dataclass

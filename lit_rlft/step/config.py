@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass
 from typing import Any, Literal
 
-from lit_rlft.rollout.base import SamplingConfig
+from lit_rlft.rollout.base import SamplingConfig, check_sampling
+from lit_rlft.step.optim import check_schedule
 
 __all__ = ["GenerationConfig", "MOVED_KEYS", "OptimConfig", "moved_key_message", "nest_flat_options"]
 
@@ -49,16 +50,12 @@ class GenerationConfig:
                              f"{self.num_generations}")
         if self.eval_num_generations < 1:
             raise ValueError(f"model.generation.eval_num_generations must be >= 1, got {self.eval_num_generations}")
-        for name in ("temperature", "eval_temperature"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ValueError(f"model.generation.{name} must be > 0 (sampling, not greedy decoding), got {value}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"model.generation.top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"model.generation.top_k must be >= 0 (0 = off), got {self.top_k}")
-        if self.max_completion_length < 1:
-            raise ValueError(f"model.generation.max_completion_length must be >= 1, got {self.max_completion_length}")
+        for name in ("temperature", "eval_temperature"):  # the training and the validation sampling
+            temperature = getattr(self, name)
+            if temperature is not None:
+                check_sampling(temperature, self.top_p, self.top_k, self.max_completion_length, "model.generation.",
+                               {"temperature": f"model.generation.{name}",
+                                "max_new_tokens": "model.generation.max_completion_length"})
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -118,8 +115,7 @@ class OptimConfig:
             raise ValueError(f"model.optim.micro_batch_tokens must be >= 1 or null, got {self.micro_batch_tokens}")
         if self.micro_batch_tokens is not None and self.micro_batch_size is not None:
             raise ValueError("model.optim: give micro_batch_size (sequences) or micro_batch_tokens (tokens), not both")
-        if self.lr_scheduler not in ("constant", "cosine"):
-            raise ValueError(f"model.optim.lr_scheduler must be constant or cosine, got {self.lr_scheduler!r}")
+        check_schedule(self.lr_scheduler, None, "model.optim.lr_scheduler")  # its length is known at fit time
         if self.max_nonfinite_skips < 0:
             raise ValueError(f"model.optim.max_nonfinite_skips must be >= 0 (0 = never stop), got "
                              f"{self.max_nonfinite_skips}")

@@ -8,15 +8,24 @@ from typing import Any, Literal
 
 import torch
 
+SCHEDULES = ("constant", "cosine")
+
+
+def check_schedule(schedule: str, total_steps: int | None, option: str = "lr_scheduler") -> None:
+    """The one check of a schedule: its name, and (when ``total_steps`` is known to be needed: ``0``) that cosine has
+    a length. ``total_steps=None`` checks the name only (a config, before the run's length is known)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"{option} must be constant or cosine, got {schedule!r}")
+    if schedule == "cosine" and total_steps is not None and total_steps <= 0:
+        raise ValueError(f"{option}: cosine needs trainer.max_steps (the schedule decays to 0 there)")
+
 
 def warmup_factor(step: int, warmup_steps: int, schedule: Literal["constant", "cosine"], total_steps: int | None) -> float:
     """Learning-rate multiplier at optimizer ``step``: linear warm-up, then constant or cosine to 0 at
-    ``total_steps``."""
+    ``total_steps`` (checked by :func:`adamw_with_warmup`)."""
     if warmup_steps and step < warmup_steps:
         return (step + 1) / warmup_steps
     if schedule == "cosine":
-        if not total_steps:
-            raise ValueError("lr_scheduler: cosine needs trainer.max_steps")
         progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
         return 0.5 * (1 + math.cos(math.pi * progress))
     return 1.0
@@ -32,12 +41,9 @@ def adamw_with_warmup(
     total_steps: int | None,
 ) -> dict[str, Any]:
     """What ``configure_optimizers`` returns: AdamW over the trainable ``params`` and a per-step scheduler."""
+    check_schedule(schedule, total_steps or 0)
     trainable = [p for p in params if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
-    if schedule not in ("constant", "cosine"):
-        raise ValueError(f"lr_scheduler must be constant or cosine, got {schedule!r}")
-    if schedule == "cosine" and not total_steps:
-        raise ValueError("lr_scheduler: cosine needs trainer.max_steps")
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda step: warmup_factor(step, warmup_steps, schedule, total_steps)
     )

@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
-from lit_rlft.step.optim import warmup_factor
+from lit_rlft.step.config import OptimConfig
+from lit_rlft.step.optim import adamw_with_warmup, warmup_factor
 
 
 def test_linear_warmup_then_constant():
@@ -24,4 +26,7 @@ def test_cosine_after_warmup():
 
 def test_cosine_without_total_steps_names_the_option():
     with pytest.raises(ValueError, match="max_steps"):
-        warmup_factor(5, 0, "cosine", None)
+        adamw_with_warmup([torch.nn.Parameter(torch.zeros(1))], 1e-3, (0.9, 0.99), 0.0, 5, "cosine", None)
+    with pytest.raises(ValueError, match=r"^model.optim.lr_scheduler must be constant or cosine, got 'linear'$"):
+        OptimConfig(lr_scheduler="linear")
+    OptimConfig(lr_scheduler="cosine")  # the run's length is known only at fit time

@@ -1,0 +1,87 @@
+"""The layers of docs/design.md hold: imports point down only, and Lightning stays in its adapters.
+
+Every ``lit_rlft`` import of every module is read from its source (``import`` statements anywhere in the file,
+type-checking imports included), so a helper put in the wrong place fails here, naming the file and the import."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from tests.conftest import REPO
+
+PACKAGE = REPO / "lit_rlft"
+
+#: Bottom first; a package may import its own layer's packages only where listed in SIDEWAYS, and any lower layer.
+LAYERS: list[set[str]] = [
+    {"core"},
+    {"selection"},
+    {"models", "rewards"},
+    {"rollout", "data"},
+    {"step"},
+    {"callbacks"},
+    {"lightning", "reporting"},
+    {"cli"},
+]
+SIDEWAYS: set[tuple[str, str]] = set()
+#: Where Lightning may be imported: its adapters, the datamodule (a LightningDataModule) and the command line.
+LIGHTNING_ALLOWED = {"lightning", "callbacks", "cli", "data/datamodule.py"}
+#: Modules of the callbacks package that other callbacks may import (their shared base layer).
+CALLBACK_BASES = {"base", "selection", "difficulty"}
+
+
+def _level(package: str) -> int:
+    return next(i for i, layer in enumerate(LAYERS) if package in layer)
+
+
+def _imports(path):
+    """``(line, imported module)`` of every import in ``path``."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.lineno, node.module
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+
+
+def _modules():
+    return sorted(p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" or p.parent != PACKAGE)
+
+
+def _package(path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(REPO)))
+def test_imports_point_down_the_layers(path):
+    here = _package(path)
+    bad = []
+    for line, module in _imports(path):
+        parts = module.split(".")
+        if parts[0] != "lit_rlft" or len(parts) < 2:
+            continue
+        there = parts[1]
+        if there == here:
+            if here == "callbacks" and len(parts) > 2 and path.stem not in CALLBACK_BASES | {"__init__"} \
+                    and parts[2] not in CALLBACK_BASES:
+                bad.append(f"line {line}: {module} (one callback importing another: share it through a base)")
+            continue
+        if _level(there) > _level(here) or (_level(there) == _level(here) and (here, there) not in SIDEWAYS):
+            bad.append(f"line {line}: {module} ({here} is below {there})")
+    assert not bad, f"{path.relative_to(REPO)} imports upward:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(REPO)))
+def test_lightning_is_imported_only_by_its_adapters(path):
+    rel = str(path.relative_to(PACKAGE))
+    if rel in LIGHTNING_ALLOWED or _package(path) in LIGHTNING_ALLOWED:
+        return
+    found = [f"line {line}: {module}" for line, module in _imports(path) if module.split(".")[0] == "lightning"]
+    assert not found, f"{rel} imports Lightning outside lightning/, callbacks/ and cli/: " + ", ".join(found)
+
+
+def test_the_layer_table_knows_every_package():
+    packages = {_package(p) for p in _modules()}
+    assert packages <= set().union(*LAYERS), packages - set().union(*LAYERS)
