@@ -89,7 +89,7 @@ class Collective:
                 out[key] = float(np.mean(vals))
         return out
 
-    def gather_checked(self, payload: Any, error: BaseException | None, what: str) -> list[Any]:
+    def gather_checked(self, payload: Any, error: BaseException | None, what: str, *, join: bool = True) -> list[Any]:
         """All-gather ``payload``; if any rank passes an ``error``, raise :class:`RankFailure` on every rank.
 
         Run the work that may fail inside ``try``, then call this on every rank whatever happened::
@@ -101,18 +101,24 @@ class Collective:
             parts = collective.gather_checked(payload, error, "generating and scoring rollouts")
 
         The message names the failed ranks and their errors, first failure first; on a failed rank the original
-        exception is chained. A failed rank posts its error on the failure board and raises at once, without
-        entering the gather: the other ranks may be inside another collective (FSDP2's all-gathers while
-        generating), where a mismatched gather aborts the process (gloo) or hangs (NCCL). Their collective breaks when
-        the failed rank's process ends, and they name the root cause from the board instead of the broken collective.
-        Without a board (a process group without a store) every rank gathers, and all raise together.
+        exception is chained. A failed rank posts its error on the failure board, then joins the gather with its
+        failure (``(detail, None)``), and every rank raises together as soon as the gather completes, on any backend,
+        whether or not the failed rank's process ends. A rank whose collective breaks instead (a peer failed while
+        it was elsewhere, or left) names the root cause from the board rather than the broken collective.
+
+        ``join=False``: a failed rank posts its error and raises at once, without entering the gather. For a failure
+        while the other ranks may be inside other collectives (generating with an FSDP2-sharded policy: every
+        forward is an all-gather), where a mismatched gather aborts the process (gloo) or hangs (NCCL). The others
+        stop only when their collective breaks (gloo: when the failed process ends; NCCL: at the collective timeout)
+        and name the cause from the board. Without a board (a process group without a store) a failed rank always
+        joins the gather: there is no other way to tell the others. ``join`` is ignored on ranks without an error.
         """
         detail = None
         if error is not None:
             detail = f"{type(error).__name__}: {error}"
             if not self.is_distributed:
                 raise error
-            if self.post_failure(detail):
+            if self.post_failure(detail) and not join:
                 raise self._failure(what, self.failures() or {self.rank: detail}, error) from error
         try:
             parts = self.all_gather((detail, None if error is not None else payload))

@@ -127,7 +127,7 @@ class FabricLoop:
             if bar is not None:
                 bar.close()
             if step.stop_requested:
-                self.fabric.print(f"lit_rlft: training stopped after rollout step {step.rollout_step - 1}: "
+                self.fabric.print(f"lit_rlft: training stops at rollout step {step.rollout_step}: "
                                   f"{step.stop_requested}")
         finally:
             step.close()

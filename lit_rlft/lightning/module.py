@@ -121,6 +121,7 @@ class GRPOModule(L.LightningModule):
         if self._counters is not None:  # resumed from a FabricLoop (or plain) checkpoint
             restore_trainer_counters(self.trainer, *self._counters)
             self._counters = None
+        self._stop_if_requested()  # resumed with the budget spent: no step at all, as under Fabric
 
     def teardown(self, stage: str) -> None:
         self.grpo.close()  # the reward worker processes (a later fit or validate starts them again)
@@ -138,9 +139,12 @@ class GRPOModule(L.LightningModule):
         return as_trainer_output(out)  # the callbacks' on_train_batch_end read it back (a mapping, for Lightning)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        reason = self.grpo.stop_requested  # after the callbacks' hooks: a stop they requested or a condition met
+        self._stop_if_requested()  # after the callbacks' hooks: a stop they requested or a condition met
+
+    def _stop_if_requested(self) -> None:
+        reason = self.grpo.stop_requested
         if reason is not None and not self.trainer.should_stop:
-            rank_zero_info(f"lit_rlft: training stops after rollout step {self.grpo.rollout_step - 1}: {reason}")
+            rank_zero_info(f"lit_rlft: training stops at rollout step {self.grpo.rollout_step}: {reason}")
             self.trainer.should_stop = True
 
     def on_validation_start(self) -> None:

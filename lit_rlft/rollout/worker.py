@@ -22,6 +22,12 @@ from lit_rlft.rollout.base import RolloutEngine, SamplingConfig
 
 Split = Literal["train", "val"]
 
+#: Set to True on an exception raised by the engine's ``generate`` inside :meth:`RolloutWorker.rollout` (the
+#: exception itself, type and message unchanged, is re-raised): a failure while generating, when the other ranks of a
+#: sharded policy may be inside the forward passes' collectives. Read it with
+#: :meth:`RolloutWorker.failed_in_generation`.
+GENERATION_FAILED_ATTR = "lit_rlft_during_generation"
+
 
 class PromptSource(Protocol):
     """What the worker reads prompts from (``PromptDataModule`` is one)."""
@@ -50,6 +56,11 @@ class RolloutWorker:
         self.tokenizer = tokenizer
         self.success_threshold = success_threshold
 
+    @staticmethod
+    def failed_in_generation(exc: BaseException) -> bool:
+        """Whether ``exc`` was raised by the engine's ``generate`` in :meth:`rollout` (rather than by scoring)."""
+        return bool(getattr(exc, GENERATION_FAILED_ATTR, False))
+
     def rollout(
         self,
         source: PromptSource,
@@ -64,12 +75,17 @@ class RolloutWorker:
         call's seed, see :meth:`RolloutEngine.generate`).
 
         Returns the :class:`Rollouts` and the scorer's result (a :class:`~lit_rlft.rewards.runner.RewardResult`,
-        whose failure counts the step gathers)."""
+        whose failure counts the step gathers). An exception raised by the engine's ``generate`` propagates as it
+        is, marked (:meth:`failed_in_generation` is True for it)."""
         G = num_generations
         ids = np.asarray(prompt_ids, dtype=np.int64)
         prompts = source.prompt_tokens(ids, split)
         t0 = time.perf_counter()
-        out = self.engine.generate(prompts, G, sampling, seed=seed)
+        try:
+            out = self.engine.generate(prompts, G, sampling, seed=seed)
+        except Exception as exc:
+            setattr(exc, GENERATION_FAILED_ATTR, True)  # every exception has a __dict__ (BaseException's)
+            raise
         seconds = time.perf_counter() - t0
         texts = self.tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
         columns = {k: [v for v in vals for _ in range(G)] for k, vals in source.reward_columns(ids, split).items()}

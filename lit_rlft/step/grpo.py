@@ -73,7 +73,9 @@ class GRPOStep:
         scale_rewards: ``group`` (GRPO), ``batch`` or ``none`` (Dr. GRPO) advantage normalisation.
         success_threshold: a completion is correct when its total reward is at least this.
 
-    Before the first step: :meth:`bind` (the prompt data, the ranks, where to log) and :meth:`attach` (the policy).
+    Usually built by :func:`~lit_rlft.step.builder.build_step` from a ``GRPOConfig``. Before the first step:
+    :meth:`attach` (the policy; the builder does it), :meth:`bind` (the prompt data, the ranks, the callbacks, where to
+    log) and :meth:`start`; then :meth:`run` once per rollout step until :meth:`ends_after_this_step`.
     """
 
     def __init__(self, engine: RolloutEngine, rewards: Callable[..., Any], tokenizer: Any, *,
@@ -263,7 +265,10 @@ class GRPOStep:
             payload = (OutcomeRecord.from_rollouts(kept), cost, failure_counts(scored))
         except Exception as exc:
             error = exc
-        parts = coll.gather_checked(payload, error, f"generating and scoring {purpose} rollouts")
+        # a rank that failed while generating with an FSDP2-sharded policy must not join the gather: the others are
+        # still inside the forward passes' all-gathers (they stop when their collective breaks, from the board)
+        join = not (error is not None and is_sharded(self.policy) and RolloutWorker.failed_in_generation(error))
+        parts = coll.gather_checked(payload, error, f"generating and scoring {purpose} rollouts", join=join)
         record = OutcomeRecord.concat([p[0] for p in parts])
         seconds = max(p[1]["seconds"] for p in parts)  # wall time: the ranks generate side by side
         if purpose != "eval":

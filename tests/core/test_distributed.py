@@ -103,3 +103,53 @@ def test_a_failure_posted_elsewhere_names_the_root_cause_when_the_gather_breaks(
 
     with pytest.raises(RuntimeError, match="gloo"):  # nothing on the board: the collective's own error
         NoBoard(0, {}, 2).gather_checked(1, None, "x")
+
+
+class _Board(FakeRanks):
+    """A collective with a failure board: records what it gathered, and the failures posted (this rank's and the
+    ``posted`` ones of other ranks, in order)."""
+
+    def __init__(self, rank, others, world_size, posted=None):
+        super().__init__(rank, others, world_size)
+        self.board = dict(posted or {})
+        self.gathered = []
+
+    def all_gather(self, obj):
+        self.gathered.append(obj)
+        return super().all_gather(obj)
+
+    def post_failure(self, detail):
+        self.board[self.rank] = detail
+        return True
+
+    def failures(self, wait_s=0.0):
+        return dict(self.board)
+
+
+def test_a_failed_rank_posts_its_failure_and_joins_the_gather_so_every_rank_raises_together():
+    # rank 1 failed: it posts, gathers (detail, None) and raises naming every failed rank, as the healthy ranks do
+    coll = _Board(1, {0: (None, {"ok": 1}), 2: ("KeyError: 'y'", None)}, world_size=3, posted={2: "KeyError: 'y'"})
+    with pytest.raises(RankFailure, match=r"scoring failed on rank 2, 1 of 3 \(rank 2: KeyError: 'y'; rank 1: "
+                                          r"ValueError: boom\)") as exc:
+        coll.gather_checked(None, ValueError("boom"), "scoring")
+    assert coll.gathered == [("ValueError: boom", None)]  # it joined, with its failure
+    assert coll.board[1] == "ValueError: boom"  # and posted it for ranks inside another collective
+    assert isinstance(exc.value.__cause__, ValueError)
+    # rank 0's view of the same gather: the same ranks, first failure first
+    coll = _Board(0, {1: ("ValueError: boom", None), 2: ("KeyError: 'y'", None)}, world_size=3,
+                  posted={2: "KeyError: 'y'", 1: "ValueError: boom"})
+    with pytest.raises(RankFailure, match=r"scoring failed on rank 2, 1 of 3"):
+        coll.gather_checked({"ok": 1}, None, "scoring")
+
+
+def test_join_false_posts_the_failure_and_raises_without_entering_the_gather():
+    """A failure while generating with an FSDP2-sharded policy: the others are inside the forward passes'
+    all-gathers, so the failed rank must not enter a gather of its own (they read its failure from the board)."""
+    coll = _Board(1, {0: (None, {"ok": 1})}, world_size=2)
+    with pytest.raises(RankFailure, match=r"generating failed on rank 1 of 2 \(rank 1: RuntimeError: engine boom\)"):
+        coll.gather_checked(None, RuntimeError("engine boom"), "generating", join=False)
+    assert coll.gathered == [] and coll.board == {1: "RuntimeError: engine boom"}
+    # a healthy rank gathers whatever join says; without a board a failed rank gathers even with join=False
+    assert _Board(0, {1: (None, 7)}, 2).gather_checked(3, None, "x", join=False) == [3, 7]
+    with pytest.raises(RankFailure, match="failed on rank 1 of 2"):
+        FakeRanks(1, {0: (None, 3)}, 2).gather_checked(None, KeyError("x"), "x", join=False)
