@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     import lightning as L
     import torch
 
-    from lit_rlft import CountdownTask, GRPOModule, LoRAConfig, PromptDataModule
+    from lit_rlft import CountdownTask, GenerationConfig, GRPOModule, LoRAConfig, OptimConfig, PromptDataModule
     from lit_rlft.rollout.vllm import VLLMEngine
 
     gpu = a.accelerator == "gpu"
@@ -68,8 +68,10 @@ def main(argv: list[str] | None = None) -> int:
                         PromptDataModule(train=CountdownTask(size=2000), answer_field=None, batch_size=a.batch_size))
     L.seed_everything(0, verbose=False)
     module = GRPOModule(model=a.model, lora=LoRAConfig(r=16, alpha=32), engine=engine, reward_funcs=reward,
-                        reward_weights=[1.0, 0.2] if gsm8k else None, num_generations=a.generations,
-                        max_completion_length=a.max_new_tokens, learning_rate=1e-4, temperature=1.0)
+                        reward_weights=[1.0, 0.2] if gsm8k else None,
+                        generation=GenerationConfig(num_generations=a.generations, temperature=1.0,
+                                                    max_completion_length=a.max_new_tokens),
+                        optim=OptimConfig(learning_rate=1e-4))
     checks: list[tuple[str, bool, str]] = []
     steps: list[dict[str, float]] = []
     match: list[float] = []
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     signal = any(s["effective"] > 0 for s in steps)  # some group had reward variance: a gradient
     checks.append(("only LoRA weights trained, every step synced",
                    (bool(moved) or not signal) and all("lora_" in n for n in moved)
-                   and engine.num_syncs == 1 + len(steps),
+                   and engine.num_syncs == len(steps),  # set up from the starting weights, then one per step
                    f"{len(moved)} tensors moved, {engine.num_syncs} syncs for {len(steps)} steps, reward per step "
                    + ", ".join(f"{s['reward']:.3f}" for s in steps)))
     steady = steps[1:] or steps

@@ -203,7 +203,8 @@ def test_a_resumed_run_samples_what_the_uninterrupted_run_sampled(tmp_path):
         assert torch.equal(a, b)
     # the engine was synced after every step: its log-probs (mu) match the trainer's pi_old at every step
     assert max(full.diffs) < TOL, full.diffs
-    assert _engine_of(full_module).num_syncs == 1 + 4  # at fit start, then after each step
+    assert _engine_of(full_module).num_syncs == 4  # after each step (set up from the starting weights)
+    assert _engine_of(module).num_syncs == 1 + 2  # the restored weights once, then after each step
     a = {n: p for n, p in full_module.policy.named_parameters()}
     assert all(torch.equal(a[n], p) for n, p in module.policy.named_parameters())
     assert np.isfinite(full.diffs).all()
