@@ -4,7 +4,7 @@
     python benchmarks/demo_spread.py --demo runs/demo --seeds 0 1 2 3 4 --out benchmarks/results/demo_spread.json
 
 Each held-out evaluation samples 4 completions per problem at the training temperature; it is seeded from
-``(generation.seed, rollout step, batch, rank)``, so one (model, seed, thread count) gives one figure in any process.
+``(generation.seed, batch, rank)``, so one (model, seed, thread count) gives one figure in any process.
 This script evaluates the demo's warm start (``<demo>/sft/model``) and its GRPO result (``<demo>/grpo/model``) with
 the demo's settings (``configs/countdown_tiny.yaml``) under several generation seeds, and seed 0 under one torch
 thread as well as two, and prints the spread of every bucket's accuracy: the noise a single evaluation carries.

@@ -424,11 +424,12 @@ class GRPOStep:
         """Sample the global validation ids ``[b]`` at the eval temperature; each rank rolls out its share and
         updates its metric states (synced across ranks by :meth:`validation_results`).
 
-        Sampling is re-seeded from ``(seed, rollout step, batch, rank)``: a validation depends on the weights and
-        the seed only, never on what the process did before (a warm start in the same process, an earlier
-        validation), so ``lit-rlft validate`` of a checkpoint gives what the run's own validation gave."""
+        Sampling is re-seeded from ``(seed, batch, rank)``: a validation depends on the weights and the seed only,
+        never on what the process did before (a warm start in the same process, an earlier validation) nor on the
+        step it runs at, so ``lit-rlft validate`` of a saved model gives what the run's own validation gave, and
+        every validation of a run draws the same random numbers (before / after comparisons are paired)."""
         ids = np.asarray(prompt_ids.cpu() if isinstance(prompt_ids, Tensor) else prompt_ids, dtype=np.int64)
-        self.seeds.reseed(self.rollout_step, salt=2 + self._val_calls, rank=self.collective.rank)
+        self.seeds.reseed(0, salt=2 + self._val_calls, rank=self.collective.rank)
         self._val_calls += 1
         k = self.generation.eval_num_generations
         local_ids, valid = padded_shard(ids, self.collective.rank, self.collective.world_size)

@@ -1,7 +1,8 @@
 """Per-step sampling seeds, so that a resumed run samples exactly what the uninterrupted run sampled.
 
-At the start of every rollout step (``salt`` 0) and before every reference set (``salt`` 1) torch's generator is
-re-seeded from ``(seed, step, salt, rank)``: ``HFEngine`` samples from it, and reward workers derive their seeds from
+At the start of every rollout step (``salt`` 0), before every reference set (``salt`` 1) and before validation batch
+``i`` (step 0, ``salt`` ``2 + i``: the same at every step) torch's generator is re-seeded from
+``(seed, step, salt, rank)``: ``HFEngine`` samples from it, and reward workers derive their seeds from
 it. Engines with their own random state (vLLM) get one seed per call, a hash of ``(seed, step, salt, rank, call)``.
 Rank 0's seeds do not depend on the number of ranks, so one-process runs keep theirs.
 """

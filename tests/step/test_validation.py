@@ -31,6 +31,8 @@ def test_a_validation_depends_on_the_weights_and_the_seed_only():
     assert 0 < first["val/accuracy"] < 1  # the parity reward sees the samples
     torch.rand(1000)  # what a warm start or any earlier work in the process does to torch's generator
     assert step.validate(data.val_dataloader()) == first
+    step.rollout_step = 350  # the same weights evaluated after a run's last step: the same draws (paired)
+    assert step.validate(data.val_dataloader()) == first
     other = build_step(tiny_config(reward_funcs=[PARITY], eval_num_generations=2, generation_seed=1))
     other.bind(data)
     assert other.validate(data.val_dataloader()) != first  # another generation seed samples otherwise
