@@ -96,7 +96,8 @@ def refresh_reference(selector: DOTSSelector, ctx: StepContext, rng: np.random.G
     uniform sample of the pool (NaN for the first set). The Pearson on the selected batch (``dots/pearson``) is
     range-restricted: with a small ``tau`` every selected prompt was predicted near ``alpha``.
     """
-    ids = selector.reference_ids(rng)
+    in_flight = ctx.in_flight
+    ids = selector.reference_ids(rng, in_flight) if in_flight.size else selector.reference_ids(rng)
     rates = ctx.success_rates(ids, purpose="reference")
     r = float("nan")
     if selector.reference is not None:

@@ -72,7 +72,7 @@ class SelectionCallback(StepCallback):
 
     def before_first_step(self, ctx: StepContext) -> None:
         if ctx.data.plan.scheduled is None:  # a fresh run (a resumed one restored its plan)
-            self._schedule(ctx, ctx.rollout_step)
+            self._schedule(ctx, ctx.rollout_step + ctx.async_depth)
 
     def after_step(self, ctx: StepContext, output: StepOutput) -> None:
         t0, gen0 = time.perf_counter(), ctx.budget.generation_s
@@ -83,8 +83,8 @@ class SelectionCallback(StepCallback):
         metrics = self.before_observe(ids, rates, step)
         self.strategy.observe(ids, rates, step)
         metrics[f"{self.name}/effective_ratio"] = effective_ratio(rates)
-        if not ctx.ends_after_this_step():
-            self._schedule(ctx, ctx.rollout_step)
+        if not ctx.ends_after_this_step():  # the batch of step t + 1 + k (k = async_depth: t + 1.. are in flight)
+            self._schedule(ctx, ctx.rollout_step + ctx.async_depth)
         metrics.update(self.metrics(ctx))
         # Selection overhead: everything this callback did except generating reference rollouts (those are
         # rollouts, counted in the budget and in budget/generation_seconds).
@@ -96,7 +96,9 @@ class SelectionCallback(StepCallback):
     def _schedule(self, ctx: StepContext, step: int) -> None:
         plan = ctx.data.plan
         self.before_select(ctx, step)
-        ids = self.strategy.select(plan.batch_size, step, self.rng)
+        in_flight = ctx.in_flight  # asynchronous rollouts: never drawn again before their outcome is observed
+        extra = {"exclude": in_flight} if in_flight.size else {}
+        ids = self.strategy.select(plan.batch_size, step, self.rng, **extra)
         plan.schedule(ids, source=self.name)
         self._last_selected = ids
 

@@ -36,6 +36,7 @@ class BatchPlan:
         self._scheduled: np.ndarray | None = None
         self._scheduled_by: str | None = None
         self.last_source = "uniform"
+        self.in_flight: set[int] = set()  # asynchronous rollouts: dispatched, outcome not yet observed (not drawn)
 
     def schedule(self, prompt_ids: np.ndarray | list[int], source: str) -> None:
         """Make ``prompt_ids`` ``[b]`` the next step's prompts (replaces anything scheduled before)."""
@@ -60,11 +61,20 @@ class BatchPlan:
             self._scheduled = self._scheduled_by = None
             return ids
         self.last_source = "uniform"
-        return self.uniform.select(self.batch_size, step=0)
+        if not self.in_flight:
+            return self.uniform.select(self.batch_size, step=0)
+        ids = self.draw_unused(self.batch_size, set())  # skips what is in flight
+        if ids.size < self.batch_size:
+            raise RuntimeError(f"the training pool ({self.num_prompts} prompts, {len(self.in_flight)} in flight) has "
+                               f"too few prompts left for a batch of {self.batch_size}: lower "
+                               "model.generation.async_depth or data.batch_size")
+        return ids
 
     def draw_unused(self, n: int, used: set[int], max_tries: int = 4) -> np.ndarray:
-        """Up to ``n`` extra ids ``[<=n]`` from the uniform order that are not in ``used`` (dynamic-sampling rounds,
-        replay fill-ins). Advances the uniform sampler, so it is part of the checkpointed state."""
+        """Up to ``n`` extra ids ``[<=n]`` from the uniform order that are not in ``used`` nor in flight
+        (dynamic-sampling rounds, replay fill-ins). Advances the uniform sampler, so it is part of the checkpointed
+        state."""
+        used = used | self.in_flight if self.in_flight else used
         out: list[int] = []
         for _ in range(max_tries):
             for i in self.uniform.select(n, step=0).tolist():

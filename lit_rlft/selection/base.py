@@ -35,15 +35,18 @@ class SelectionStrategy(Protocol):
     The loop calls, once per training step ``t``: ``select(B, t, rng)`` for the ids of the prompts to roll out,
     then, once their groups are scored, ``observe(ids, success_rates, t)``. The caller owns ``rng`` (a
     ``numpy.random.Generator``) and checkpoints its ``bit_generator.state`` next to ``state_dict()``, so a resumed
-    run draws exactly what the uninterrupted run would have drawn.
+    run draws exactly what the uninterrupted run would have drawn. With asynchronous rollouts the caller passes
+    ``exclude``, the ids in flight: none of them may be selected (an empty or None ``exclude`` selects exactly as
+    without it).
     """
 
     def observe(self, prompt_ids: np.ndarray, success_rates: np.ndarray, step: int) -> None:
         """Record one step's outcomes: ``prompt_ids`` ``[B]`` int64, ``success_rates`` ``[B]`` floats in [0, 1]."""
         ...
 
-    def select(self, batch_size: int, step: int, rng: np.random.Generator) -> np.ndarray:
-        """Return ``[batch_size]`` int64 ids (no duplicates) of the prompts for the next step."""
+    def select(self, batch_size: int, step: int, rng: np.random.Generator,
+               exclude: np.ndarray | None = None) -> np.ndarray:
+        """Return ``[batch_size]`` int64 ids (no duplicates, none in ``exclude``) of the prompts for the next step."""
         ...
 
     def state_dict(self) -> dict[str, Any]:
@@ -145,6 +148,39 @@ def top_k_random_ties(score: np.ndarray, k: int, rng: np.random.Generator) -> np
     ties = np.flatnonzero(score == threshold)  # at least k - len(above)
     drawn = rng.choice(ties, size=k - above.size, replace=False)
     return np.concatenate([above, drawn]).astype(np.int64, copy=False)
+
+
+def excluding(exclude: np.ndarray | None) -> set[int]:
+    """``exclude`` as a set of ids (empty for None)."""
+    return set() if exclude is None else {int(i) for i in np.asarray(exclude).reshape(-1)}
+
+
+def allowed_ids(num_prompts: int, exclude: np.ndarray | None, need: int) -> np.ndarray:
+    """``[S - |exclude|]`` ids of the pool that are not excluded; at least ``need`` of them (else a ValueError that
+    says why: too many prompts in flight for the pool)."""
+    ids = np.setdiff1d(np.arange(num_prompts, dtype=np.int64), np.asarray(exclude, dtype=np.int64))
+    if ids.size < need:
+        raise ValueError(f"only {ids.size} of {num_prompts} prompts are not in flight, fewer than the {need} to "
+                         "select: lower model.generation.async_depth or the batch size")
+    return ids
+
+
+def draw_excluding(draw: Any, k: int, exclude: np.ndarray | None, num_prompts: int) -> np.ndarray:
+    """``[k]`` distinct ids from a stream ``draw(n) -> [n] ids``, skipping the ``exclude`` ones (they are consumed
+    from the stream, as candidates already taken); with nothing to exclude, exactly ``draw(k)``."""
+    skip = excluding(exclude)
+    if not skip:
+        return draw(k)
+    out: list[int] = []
+    drawn = 0
+    while len(out) < k:
+        if drawn > 2 * num_prompts:
+            raise ValueError(f"the stream cannot give {k} prompts that are not in flight ({len(skip)} are): lower "
+                             "model.generation.async_depth or the batch size")
+        batch = [int(i) for i in draw(min(k - len(out), num_prompts))]
+        drawn += len(batch)
+        out += [i for i in batch if i not in skip and i not in out]
+    return np.asarray(out[:k], dtype=np.int64)
 
 
 def validate_candidate_ratio(candidate_ratio: int | None, option: str = "candidate_ratio") -> int | None:

@@ -40,7 +40,14 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lit_rlft.selection.base import check_num_prompts, check_version, validate_batch_size, validate_observation
+from lit_rlft.selection.base import (
+    allowed_ids,
+    check_num_prompts,
+    check_version,
+    excluding,
+    validate_batch_size,
+    validate_observation,
+)
 from lit_rlft.selection.difficulty import (
     CALIBRATIONS,
     EPS,
@@ -230,9 +237,13 @@ class DOTSSelector:
         steps (``step % mu == 0``) and whenever no reference labels exist yet."""
         return self._ref_ids is None or step % self.update_every == 0
 
-    def reference_ids(self, rng: np.random.Generator) -> np.ndarray:
-        """Draw ``[K]`` distinct int64 ids uniformly from the pool (the caller rolls them out)."""
-        return rng.choice(self.num_prompts, size=self.reference_size, replace=False).astype(np.int64)
+    def reference_ids(self, rng: np.random.Generator, exclude: np.ndarray | None = None) -> np.ndarray:
+        """Draw ``[K]`` distinct int64 ids uniformly from the pool, none in ``exclude`` (in flight; the caller rolls
+        them out)."""
+        if not excluding(exclude):
+            return rng.choice(self.num_prompts, size=self.reference_size, replace=False).astype(np.int64)
+        allowed = allowed_ids(self.num_prompts, exclude, self.reference_size)
+        return rng.choice(allowed, size=self.reference_size, replace=False).astype(np.int64)
 
     def set_reference(self, ids: np.ndarray, success_rates: np.ndarray) -> None:
         """Store the reference labels ``d = 1 - p`` of ``ids`` ``[K]``; they also join the online training set.
@@ -296,21 +307,32 @@ class DOTSSelector:
         return out.float()
 
     # -- protocol --------------------------------------------------------------------------------------------------
-    def select(self, batch_size: int, step: int, rng: np.random.Generator) -> np.ndarray:
-        """Return ``[batch_size]`` distinct int64 ids for ``step`` (see the class docstring for the queue)."""
+    def select(self, batch_size: int, step: int, rng: np.random.Generator,
+               exclude: np.ndarray | None = None) -> np.ndarray:
+        """Return ``[batch_size]`` distinct int64 ids for ``step`` (see the class docstring for the queue), none in
+        ``exclude`` (in flight: dropped from the queue, masked when it is refilled)."""
         batch_size = validate_batch_size(batch_size, self.num_prompts)
+        skip = excluding(exclude)
+        if skip:
+            self._queue = self._queue[~np.isin(self._queue, np.asarray(sorted(skip), dtype=np.int64))]
         if self._refill or self._queue.size < batch_size:
             preds = self.predict()  # [S]
             self._pool_predictions = preds
-            exclude = None
-            if self.exclude_reference and self._ref_ids is not None:
-                exclude = torch.zeros(self.num_prompts, dtype=torch.bool)
-                exclude[torch.from_numpy(self._ref_ids)] = True
-            allowed = self.num_prompts - (int(exclude.sum()) if exclude is not None else 0)
+            masked = None
+            if (self.exclude_reference and self._ref_ids is not None) or skip:
+                masked = torch.zeros(self.num_prompts, dtype=torch.bool)
+                if self.exclude_reference and self._ref_ids is not None:
+                    masked[torch.from_numpy(self._ref_ids)] = True
+                if skip:
+                    masked[torch.as_tensor(sorted(skip), dtype=torch.long)] = True
+            allowed = self.num_prompts - (int(masked.sum()) if masked is not None else 0)
+            if allowed < batch_size:
+                raise ValueError(f"DOTS: only {allowed} prompts are neither reference nor in flight, fewer than the "
+                                 f"batch size {batch_size}: lower reference_size or model.generation.async_depth")
             k = max(batch_size, min(batch_size * self.update_every, allowed))
             gen = torch.Generator().manual_seed(int(rng.integers(2**63)))
             logw = difficulty_logits(preds, self.alpha, self.tau)  # [S]
-            self._queue = sample_without_replacement(logw, k, gen, exclude).numpy().astype(np.int64)
+            self._queue = sample_without_replacement(logw, k, gen, masked).numpy().astype(np.int64)
             self._refill = False
         out, self._queue = self._queue[:batch_size].copy(), self._queue[batch_size:].copy()
         return out

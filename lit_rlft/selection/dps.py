@@ -44,8 +44,11 @@ import numpy as np
 from lit_rlft.selection.base import (
     NUM_STATES,
     PARTIAL,
+    allowed_ids,
     check_num_prompts,
     check_version,
+    draw_excluding,
+    excluding,
     state_of,
     top_k_random_ties,
     validate_batch_size,
@@ -258,11 +261,13 @@ class DPSSelector:
             score -= self.entropy_bonus * (plogp[:, 0] + plogp[:, 1] + plogp[:, 2])  # + w * entropy
         return score
 
-    def select(self, batch_size: int, step: int, rng: np.random.Generator) -> np.ndarray:
+    def select(self, batch_size: int, step: int, rng: np.random.Generator,
+               exclude: np.ndarray | None = None) -> np.ndarray:
         """The ``batch_size`` candidates with the highest score, ties broken at random with ``rng``.
 
         Candidates: the whole pool, or with ``candidate_ratio`` the next ``candidate_ratio * B`` prompts of the
-        candidate stream (the whole pool when that is at least ``S``). O(S) (one ``np.partition``).
+        candidate stream (the whole pool when that is at least ``S``), less ``exclude`` (in flight). O(S) (one
+        ``np.partition``).
 
         Returns:
             ``[batch_size]`` int64 ids: those above the tie in descending score order, then the drawn ties.
@@ -271,8 +276,11 @@ class DPSSelector:
         score = self.scores()  # [S]
         if self.candidate_ratio is None or self.candidate_ratio * B >= self.num_prompts:
             self.last_candidates = None
-            return top_k_random_ties(score, B, rng)
-        cand = self.candidates.draw(self.candidate_ratio * B)  # [C]
+            if not excluding(exclude):
+                return top_k_random_ties(score, B, rng)
+            allowed = allowed_ids(self.num_prompts, exclude, B)  # [S - |exclude|]
+            return allowed[top_k_random_ties(score[allowed], B, rng)]
+        cand = draw_excluding(self.candidates.draw, self.candidate_ratio * B, exclude, self.num_prompts)  # [C]
         self.last_candidates = cand
         return cand[top_k_random_ties(score[cand], B, rng)]
 

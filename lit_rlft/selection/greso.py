@@ -23,6 +23,7 @@ import numpy as np
 from lit_rlft.selection.base import (
     check_num_prompts,
     check_version,
+    excluding,
     validate_batch_size,
     validate_num_prompts,
     validate_observation,
@@ -97,12 +98,14 @@ class GRESOSelector:
             self.p_hard = _step_toward(self.p_hard, hard_share > target_hard, self.step_size)
             self.last_zero_variance = (easy_share, hard_share)
 
-    def select(self, batch_size: int, step: int, rng: np.random.Generator) -> np.ndarray:
-        """``[batch_size]`` ids: candidates in stream order, each kept with :meth:`keep_probability`; more are drawn
-        until the batch is full. After a whole pool's worth of candidates, skipped ones fill what is missing."""
+    def select(self, batch_size: int, step: int, rng: np.random.Generator,
+               exclude: np.ndarray | None = None) -> np.ndarray:
+        """``[batch_size]`` ids: candidates in stream order (``exclude``, in flight, passed over), each kept with
+        :meth:`keep_probability`; more are drawn until the batch is full. After a whole pool's worth of candidates,
+        skipped ones fill what is missing."""
         B = validate_batch_size(batch_size, self.num_prompts)
         chosen: list[int] = []
-        taken: set[int] = set()
+        taken: set[int] = excluding(exclude)
         skipped: list[int] = []
         drawn = 0
         while len(chosen) < B and drawn < self.num_prompts:

@@ -10,6 +10,7 @@ import numpy as np
 from lit_rlft.selection.base import (
     check_num_prompts,
     check_version,
+    draw_excluding,
     validate_batch_size,
     validate_num_prompts,
     validate_observation,
@@ -61,8 +62,9 @@ class HistoryResampler:
         ids, rates = validate_observation(prompt_ids, success_rates, self.num_prompts)
         self.last_rate[ids] = rates
 
-    def select(self, batch_size: int, step: int, rng: np.random.Generator | None = None) -> np.ndarray:
-        """Return the next ``[batch_size]`` int64 ids; ``step`` and ``rng`` are ignored."""
+    def select(self, batch_size: int, step: int, rng: np.random.Generator | None = None,
+               exclude: np.ndarray | None = None) -> np.ndarray:
+        """Return the next ``[batch_size]`` int64 ids, skipping ``exclude``; ``step`` and ``rng`` are ignored."""
         batch_size = validate_batch_size(batch_size, self.num_prompts)
 
         def next_epoch() -> np.ndarray:
@@ -79,7 +81,8 @@ class HistoryResampler:
             self.num_active = int(active.size)
             return active
 
-        return self._batcher.next_batch(batch_size, next_epoch)
+        return draw_excluding(lambda n: self._batcher.next_batch(n, next_epoch), batch_size, exclude,
+                              self.num_prompts)
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -22,8 +22,11 @@ from typing import Any
 import numpy as np
 
 from lit_rlft.selection.base import (
+    allowed_ids,
     check_num_prompts,
     check_version,
+    draw_excluding,
+    excluding,
     top_k_random_ties,
     validate_batch_size,
     validate_candidate_ratio,
@@ -92,13 +95,16 @@ class MoPPSSelector:
         a, b = (self.alpha, self.beta) if prompt_ids is None else (self.alpha[prompt_ids], self.beta[prompt_ids])
         return a / (a + b)
 
-    def select(self, batch_size: int, step: int, rng: np.random.Generator) -> np.ndarray:
-        """``[batch_size]`` candidates whose Thompson sample is closest to ``target`` (ties at random)."""
+    def select(self, batch_size: int, step: int, rng: np.random.Generator,
+               exclude: np.ndarray | None = None) -> np.ndarray:
+        """``[batch_size]`` candidates (none in ``exclude``) whose Thompson sample is closest to ``target`` (ties at
+        random)."""
         B = validate_batch_size(batch_size, self.num_prompts)
         if self.candidate_ratio is None or self.candidate_ratio * B >= self.num_prompts:
-            cand = np.arange(self.num_prompts, dtype=np.int64)
+            cand = np.arange(self.num_prompts, dtype=np.int64) if not excluding(exclude) else \
+                allowed_ids(self.num_prompts, exclude, B)
         else:
-            cand = self.candidates.draw(self.candidate_ratio * B)
+            cand = draw_excluding(self.candidates.draw, self.candidate_ratio * B, exclude, self.num_prompts)
         gamma = rng.beta(self.alpha[cand], self.beta[cand])  # [C] Thompson samples
         self.last_candidates, self.last_gamma = cand, gamma
         return cand[top_k_random_ties(-((gamma - self.target) ** 2), B, rng)]

@@ -10,6 +10,7 @@ import numpy as np
 from lit_rlft.selection.base import (
     check_num_prompts,
     check_version,
+    draw_excluding,
     validate_batch_size,
     validate_num_prompts,
     validate_observation,
@@ -114,10 +115,13 @@ class UniformSampler:
         """Validate the outcomes and ignore them: uniform sampling does not look at results."""
         validate_observation(prompt_ids, success_rates, self.num_prompts)
 
-    def select(self, batch_size: int, step: int, rng: np.random.Generator | None = None) -> np.ndarray:
-        """Return the next ``[batch_size]`` int64 ids; ``step`` and ``rng`` are ignored (see the class docstring)."""
+    def select(self, batch_size: int, step: int, rng: np.random.Generator | None = None,
+               exclude: np.ndarray | None = None) -> np.ndarray:
+        """Return the next ``[batch_size]`` int64 ids, skipping ``exclude``; ``step`` and ``rng`` are ignored (see
+        the class docstring)."""
         batch_size = validate_batch_size(batch_size, self.num_prompts)
-        return self._batcher.next_batch(batch_size, lambda: np.arange(self.num_prompts, dtype=np.int64))
+        members = lambda: np.arange(self.num_prompts, dtype=np.int64)  # noqa: E731
+        return draw_excluding(lambda n: self._batcher.next_batch(n, members), batch_size, exclude, self.num_prompts)
 
     def state_dict(self) -> dict[str, Any]:
         return {"version": self.version, "num_prompts": self.num_prompts, **self._batcher.state_dict()}

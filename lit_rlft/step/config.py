@@ -43,11 +43,26 @@ class GenerationConfig:
     """Samples per validation prompt (mean@k accuracy and pass@k)."""
     eval_temperature: float | None = None
     """Validation temperature (None: the training temperature)."""
+    async_depth: int = 0
+    """Batches generated ahead of training, in a separate process with its own copy of the weights (0: the
+    synchronous step; 1: one-step-off; k: at most k updates of staleness). See ``lit_rlft.step.pipeline``."""
+    async_timeout_s: float = 600.0
+    """Longest the trainer waits for the generation process (a batch, or its loading of pushed weights) before the
+    run stops naming it."""
+    async_threads: int | None = None
+    """Torch threads of the generation process (None: half of this rank's share of the cores)."""
+    async_device: str | None = None
+    """Device of the generation process (None: cpu; e.g. cuda:1 to generate on a GPU of its own)."""
 
     def __post_init__(self) -> None:
         if self.num_generations < 2:
             raise ValueError(f"model.generation.num_generations must be >= 2 for group-relative advantages, got "
                              f"{self.num_generations}")
+        if self.async_depth < 0:
+            raise ValueError(f"model.generation.async_depth must be >= 0 (0 = synchronous), got {self.async_depth}")
+        if self.async_timeout_s <= 0 or (self.async_threads is not None and self.async_threads < 1):
+            raise ValueError(f"model.generation.async_timeout_s must be > 0 and async_threads >= 1 or null, got "
+                             f"{self.async_timeout_s} and {self.async_threads}")
         if self.eval_num_generations < 1:
             raise ValueError(f"model.generation.eval_num_generations must be >= 1, got {self.eval_num_generations}")
         for name in ("temperature", "eval_temperature"):  # the training and the validation sampling

@@ -119,6 +119,19 @@ class StepContext(Protocol):
         """Where the run writes its files."""
         ...
 
+    @property
+    def async_depth(self) -> int:
+        """``k``, batches generated ahead of training (``model.generation.async_depth``; 0: synchronous). After step
+        ``t`` (``rollout_step == t + 1``) the batches of steps ``t + 1 .. t + k`` are in flight, and what a callback
+        plans is the batch of step ``t + 1 + k``: its observations lag by ``k`` steps."""
+        ...
+
+    @property
+    def in_flight(self) -> np.ndarray:
+        """``[n]`` global prompt ids dispatched and not yet observed (empty when synchronous): selection must not draw
+        them (the plan's uniform draws skip them)."""
+        ...
+
 
 @runtime_checkable
 class RolloutHook(Protocol):

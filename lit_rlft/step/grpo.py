@@ -45,6 +45,7 @@ from lit_rlft.step.budget import RolloutBudget
 from lit_rlft.step.config import GenerationConfig, OptimConfig
 from lit_rlft.step.context import PromptData, RolloutHook, StepOutput, StopCondition
 from lit_rlft.step.metrics import ValidationMetrics, rollout_metrics
+from lit_rlft.step.pipeline import AsyncRollouts
 from lit_rlft.step.rewards_report import RewardFailureLog, failure_counts
 from lit_rlft.step.seeding import StepSeeds
 from lit_rlft.step.update import PolicyUpdater, UpdateBackend
@@ -94,6 +95,9 @@ class GRPOStep:
         self.config: GRPOConfig | None = None  # what build_step built this step from
         self.tokenizer = tokenizer
         self.worker = RolloutWorker(engine, rewards, tokenizer, success_threshold)
+        g = self.generation
+        self.pipeline = AsyncRollouts(g.async_depth, g.async_timeout_s, g.async_threads, g.async_device) \
+            if g.async_depth else None  # asynchronous rollouts: generation in a process of its own
         self.rewards = rewards  # through the setter: the step reports failures, not the scorer
         self.seeds = StepSeeds(self.generation.seed)
         self.budget = RolloutBudget()
@@ -156,6 +160,9 @@ class GRPOStep:
             return
         self.policy, self.reference = policy, reference
         self.stop_token_ids = stop_token_ids(hf_model(policy), self.tokenizer)
+        if self.pipeline is not None:  # the generation process sets its engine up, on the weights pushed at start
+            self._engine_stale = True
+            return
         self.engine.setup(policy, self.tokenizer, sharded=is_sharded(policy))
         self._engine_stale = False  # set up from the current weights
 
@@ -206,6 +213,17 @@ class GRPOStep:
     def log_dir(self) -> str:
         return self._log_dir
 
+    @property
+    def async_depth(self) -> int:
+        """``k``: batches generated ahead of training (0: synchronous); what callbacks observe lags by ``k`` steps."""
+        return self.generation.async_depth
+
+    @property
+    def in_flight(self) -> np.ndarray:
+        """``[n]`` global ids dispatched and not yet observed (asynchronous rollouts; empty otherwise): selection must
+        not draw them."""
+        return self.pipeline.in_flight_ids() if self.pipeline is not None else np.zeros(0, dtype=np.int64)
+
     def log(self, metrics: Mapping[str, float]) -> None:
         self._sink(metrics, self._log_step)
 
@@ -255,16 +273,32 @@ class GRPOStep:
             local_ids = ids[shard_slice(len(ids), coll.rank, coll.world_size, what=f"{purpose} batch")]
             valid = len(local_ids)
         payload = error = local = None
+        G, sampling = num_generations or self.num_generations, sampling or self.generation.sampling
+        seed = self.seeds.engine_seed(self.rollout_step, coll.rank)
         try:
-            local, scored = self.worker.rollout(self.data, local_ids, num_generations or self.num_generations,
-                                                sampling or self.generation.sampling, self.rollout_step, split,
-                                                seed=self.seeds.engine_seed(self.rollout_step, coll.rank))
-            cost = {"prompts": len(local_ids), "completions": local.completion_tokens.shape[0],
-                    "tokens": int(local.completion_mask.sum()), "seconds": local.generation_s}
-            kept = local.select_groups(torch.arange(valid)) if valid < len(local_ids) else local
-            payload = (OutcomeRecord.from_rollouts(kept), cost, failure_counts(scored))
+            if self.pipeline is None:
+                local, scored = self.worker.rollout(self.data, local_ids, G, sampling, self.rollout_step, split,
+                                                    seed=seed)
+                failures = failure_counts(scored)
+            else:
+                local, failures = self.pipeline.request(self, local_ids, G, sampling, split, seed)
+            payload = self.payload(local, failures, valid)
         except Exception as exc:
             error = exc
+        return local, self.gathered(payload, error, purpose)
+
+    def payload(self, local: Rollouts, failures: dict[str, Any], valid: int | None = None) -> tuple[Any, ...]:
+        """What a rank sends about its rollouts: the outcome record of its first ``valid`` groups (all: None), the
+        cost, the reward failure counts."""
+        cost = {"prompts": local.num_groups, "completions": local.completion_tokens.shape[0],
+                "tokens": int(local.completion_mask.sum()), "seconds": local.generation_s}
+        kept = local.select_groups(torch.arange(valid)) if valid is not None and valid < local.num_groups else local
+        return OutcomeRecord.from_rollouts(kept), cost, failures
+
+    def gathered(self, payload: Any, error: BaseException | None, purpose: str) -> OutcomeRecord:
+        """Every rank's :meth:`payload` (a collective; a failure on any rank raises on every rank), charged to the
+        budget under ``purpose`` (not ``eval``): the outcome record of the call."""
+        coll = self.collective
         # a rank that failed while generating with an FSDP2-sharded policy must not join the gather: the others are
         # still inside the forward passes' all-gathers (they stop when their collective breaks, from the board)
         join = not (error is not None and is_sharded(self.policy) and RolloutWorker.failed_in_generation(error))
@@ -277,7 +311,7 @@ class GRPOStep:
             self._generation_s += seconds
         self.reward_failures.add([p[2] for p in parts])
         self.reward_failures.warn(coll.rank == 0, getattr(self.rewards, "fallback", 0.0))
-        return local, record
+        return record
 
     def success_rates(self, prompt_ids: np.ndarray, purpose: str = "reference") -> np.ndarray:
         """Roll out ``prompt_ids`` ``[K]`` under the current policy; their success rates ``[K]``.
@@ -313,8 +347,11 @@ class GRPOStep:
         self._log_step = self.rollout_step
         self._generation_s = 0.0
         self.seeds.reseed(self.rollout_step, salt=0, rank=self.collective.rank)
-        prompt_ids = self.plan_batch()  # 1
-        rollouts, record = self.rollout(prompt_ids)  # 2-3
+        if self.pipeline is None:
+            prompt_ids = self.plan_batch()  # 1
+            rollouts, record = self.rollout(prompt_ids)  # 2-3
+        else:  # dispatch the planned batch, receive the one generated while earlier steps trained
+            rollouts, record = self.pipeline.next_batch(self)
         for hook in hooks:  # 4
             rollouts, record = hook.on_rollouts(self, rollouts, record)
         trained = record.trained_batch()
@@ -327,9 +364,11 @@ class GRPOStep:
             self._warn(f"step {self.rollout_step}: {int(loss_metrics['nonfinite_skips'])} optimizer step(s) had a "
                        f"non-finite loss or gradient and were skipped ({self.updater.skips_in_a_row} in a row; the "
                        f"run stops at model.optim.max_nonfinite_skips={self.updater.max_nonfinite_skips})")
-        self.sync_engine()  # vLLM samples the next batch (and DOTS' reference set, validation) from these weights
+        self.sync_engine(version=self.rollout_step + 1)  # the next batches (reference sets, validation) sample these
         self.rollout_step += 1
         metrics = self._metrics(rollouts, record, trained, loss_metrics, time.perf_counter() - t_step)
+        if self.pipeline is not None:
+            metrics.update(self.pipeline.metrics(rollouts, self.rollout_step - 1))
         return StepOutput(step=self.rollout_step - 1, rollouts=rollouts, record=record, metrics=metrics,
                           optimizer_steps=self.updater.optimizer_steps - steps_before)
 
@@ -344,15 +383,20 @@ class GRPOStep:
         with self.policy.disable_adapter():
             return self.updater.model_logprobs(self.policy, rollouts, rows, self.device)[0]
 
-    def sync_engine(self, only_if_stale: bool = False) -> None:
-        """Make the engine sample from the current weights (no-op for ``HFEngine``; a weight push for vLLM, timed
-        as ``time/weight_sync_s``). Every rank calls it (FSDP2 gathers). ``only_if_stale``: only when the weights
-        changed since the engine last saw them other than by this step's own updates (a checkpoint was loaded),
-        as when training or validation starts: otherwise the last step's push stands."""
+    def sync_engine(self, only_if_stale: bool = False, version: int | None = None) -> None:
+        """Make the engine sample from the current weights (no-op for ``HFEngine``; a weight push for vLLM or the
+        generation process of asynchronous rollouts, timed as ``time/weight_sync_s``). Every rank calls it (FSDP2
+        gathers). ``only_if_stale``: only when the weights changed since the engine last saw them other than by
+        this step's own updates (a checkpoint was loaded), as when training or validation starts: otherwise the
+        last step's push stands. ``version``: the weights' version (updates made; default the current step)."""
         if only_if_stale and not self._engine_stale:
             return
         t0 = time.perf_counter()
-        self.engine.sync_weights(self.policy)
+        if self.pipeline is None:
+            self.engine.sync_weights(self.policy)
+        else:
+            self.pipeline.push(self, self.policy, self.rollout_step if version is None else version,
+                               full=self._engine_stale)
         self._sync_s = time.perf_counter() - t0
         self._engine_stale = False
 
@@ -453,9 +497,13 @@ class GRPOStep:
 
     # ------------------------------------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """The step's counters, for checkpoints (plain types)."""
-        return {"rollout_step": self.rollout_step, "budget": self.budget.state_dict(),
-                "reward_totals": self.reward_failures.state_dict(), "updater": self.updater.state_dict()}
+        """The step's counters, for checkpoints (plain types); with asynchronous rollouts, the ledger of batches in
+        flight."""
+        state = {"rollout_step": self.rollout_step, "budget": self.budget.state_dict(),
+                 "reward_totals": self.reward_failures.state_dict(), "updater": self.updater.state_dict()}
+        if self.pipeline is not None:
+            state["async"] = self.pipeline.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s counters; the weights restored with them are pushed to the engine when
@@ -465,9 +513,14 @@ class GRPOStep:
         self.budget.load_state_dict(state.get("budget", {}))
         self.reward_failures.load_state_dict(state.get("reward_totals", {}))
         self.updater.load_state_dict(state.get("updater", {}))
+        if self.pipeline is not None:
+            self.pipeline.load_state_dict(state.get("async", {}))
 
     def close(self) -> None:
-        """Stop the reward worker processes (idempotent; a later rollout starts them again)."""
+        """Stop the reward worker processes and the generation process (idempotent; a later rollout starts them
+        again)."""
         close = getattr(self.rewards, "close", None)
         if close is not None:
             close()
+        if self.pipeline is not None:
+            self.pipeline.close()

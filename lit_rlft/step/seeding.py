@@ -37,6 +37,13 @@ class StepSeeds:
         if self.seed is not None:
             torch.manual_seed(self.seed * 1_000_003 + step + salt * 1_000_000_007 + seed_salt(rank))
 
+    def dispatch_seed(self, step: int, rank: int) -> int | None:
+        """The seed of the asynchronous request for step ``step``'s batch (``salt`` 3; None without a seed): the
+        generation process seeds torch and the engine with it, so a batch samples alike whenever it is dispatched."""
+        if self.seed is None:
+            return None
+        return int(np.random.SeedSequence([self.seed, step, 3, rank, 0]).generate_state(1)[0] % 2**31)
+
     def engine_seed(self, step: int, rank: int) -> int | None:
         """The seed of the next engine call at rollout step ``step`` (None without a generation seed)."""
         if self.seed is None:

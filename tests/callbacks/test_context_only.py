@@ -70,6 +70,7 @@ class FakeContext:
         self.gen = torch.Generator().manual_seed(0)
         self.ends_at = ends_at
         self.callbacks: list = []  # what a driver binds: the stop conditions among them are asked, as GRPOStep does
+        self.async_depth, self.in_flight = 0, np.zeros(0, dtype=np.int64)  # synchronous
         self.stopped: str | None = None
 
     def rollout(self, prompt_ids: np.ndarray, purpose: str = "train") -> tuple[Rollouts, OutcomeRecord]:
