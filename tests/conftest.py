@@ -24,10 +24,20 @@ def tiny_settings(**overrides):
     from lit_rlft.models.tiny import TinyConfig
     from lit_rlft.step.config import nest_flat_options
 
+    import dataclasses
+
+    from lit_rlft.step.config import GenerationConfig
+
     kwargs = dict(model="tiny", tiny=TinyConfig(**TINY_SMALL), reward_funcs=["lit_rlft.rewards.countdown_reward"],
                   num_generations=4, max_completion_length=8, learning_rate=1e-2)
     kwargs.update(overrides)
-    return nest_flat_options(kwargs)
+    generation = {f.name for f in dataclasses.fields(GenerationConfig)} - {"num_generations", "temperature", "top_p",
+                                                                            "top_k", "max_completion_length", "seed"}
+    extra = {k: kwargs.pop(k) for k in list(kwargs) if k in generation}  # keys newer than 0.2's flat ones
+    out = nest_flat_options(kwargs)
+    if extra:
+        out["generation"] = dataclasses.replace(out.get("generation") or GenerationConfig(), **extra)
+    return out
 
 
 def tiny_module(**overrides):

@@ -100,19 +100,24 @@ def _redistribute(kept: list[tuple[int, int]], locals_: list[Rollouts], records:
                   coll: Any) -> Rollouts:
     """This rank's slice of the kept groups, in kept order, fetching from other ranks the groups they hold.
 
-    ``kept`` lists ``(round, global row)`` labels; round ``k``'s ``n_k`` rows are split evenly, rank ``r`` holding
-    rows ``[r * n_k / W, (r + 1) * n_k / W)`` as its local groups.
+    ``kept`` lists ``(round, global row)`` labels. Which rank holds a row is looked up by its prompt id (unique within
+    a step) in every rank's local groups of that round: a round's record need not be one block in rank order (the
+    first round holds, after a replay hook, the fresh, replayed and filled groups, each block split over the ranks).
     """
     world, rank = coll.world_size, coll.rank
     per_rank = len(kept) // world
+    mine = kept[rank * per_rank : (rank + 1) * per_rank]
+    if world == 1:
+        return Rollouts.concat([locals_[k].select_groups([j]) for k, j in mine])
+    where: dict[tuple[int, int], tuple[int, int]] = {}  # (round, prompt id) -> (rank, local index)
+    for r, ids in enumerate(coll.all_gather([part.prompt_ids.tolist() for part in locals_])):
+        where.update({(k, pid): (r, i) for k, round_ids in enumerate(ids) for i, pid in enumerate(round_ids)})
 
     def owner(label: tuple[int, int]) -> tuple[int, int]:  # (rank, local index)
         k, j = label
-        size = records[k].num_groups // world
-        return j // size, j % size
+        return where[(k, int(records[k].prompt_ids[j]))]
 
-    mine = kept[rank * per_rank : (rank + 1) * per_rank]
-    if not _any_remote(kept, owner, world):  # every rank holds its own slice: no exchange (always so on one rank)
+    if not _any_remote(kept, owner, world):  # every rank holds its own slice: no exchange
         return Rollouts.concat([locals_[k].select_groups([owner((k, j))[1]]) for k, j in mine])
     held = {label: locals_[label[0]].select_groups([owner(label)[1]]) for label in kept if owner(label)[0] == rank}
     everything: dict[tuple[int, int], Rollouts] = {}

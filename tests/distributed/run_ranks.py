@@ -171,6 +171,7 @@ def main() -> None:
     p.add_argument("--loss", default="", help="GRPOLoss options, key=value,key=value")
     p.add_argument("--val", type=int, default=0, help="held-out prompts, evaluated every 2 steps (0: none)")
     p.add_argument("--engine", choices=["hf", "vllm", "raise-on-rank-1"], default="hf")
+    p.add_argument("--async-depth", type=int, default=0, help="model.generation.async_depth")
     a = p.parse_args()
     torch.set_num_threads(1)
     out = Path(a.out)
@@ -198,7 +199,8 @@ def main() -> None:
         engine = RaisingEngine()
     settings = dict(
         engine=engine, model="tiny", tiny=TinyConfig(**TINY_SMALL), reward_funcs=[a.reward],
-        generation=GenerationConfig(num_generations=4, max_completion_length=8),
+        generation=GenerationConfig(num_generations=4, max_completion_length=8, async_depth=a.async_depth,
+                                    async_threads=1),
         loss=GRPOLoss(**dict(_option(kv) for kv in a.loss.split(",") if kv)),
         optim=OptimConfig(learning_rate=1e-3, micro_batch_size=a.micro_batch_size,
                           gradient_checkpointing=a.gradient_checkpointing,

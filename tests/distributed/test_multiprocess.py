@@ -69,6 +69,12 @@ RUNS = {
                    "--dump"],
     "fabric_fsdp2_lora": ["--launcher", "fabric", "--strategy", "fsdp2", "--lora", "--callbacks", "dps,replay",
                           "--steps", "4"],
+    # replay then dynamic sampling: the kept groups of a first round made of fresh, replayed and filled blocks
+    "trainer_dps_replay_ds": ["--callbacks", "dps,replay,ds", "--steps", "4"],
+    # asynchronous rollouts, one step off: a generation process per rank
+    "trainer_async_dps_replay_ds": ["--callbacks", "dps,replay,ds", "--steps", "4", "--async-depth", "1"],
+    "fabric_async_dots": ["--launcher", "fabric", "--callbacks", "dots", "--steps", "4", "--async-depth", "1",
+                          "--val", "7"],
 }
 
 
@@ -114,7 +120,27 @@ def test_two_ranks_hold_identical_state_and_train_disjoint_halves(runs, name):
     _assert_ranks_agree_and_split_the_batch(runs(name)[0], replay="replay" in name)
 
 
-@pytest.mark.parametrize("name", ["trainer_dots", "fabric_dots"])
+@pytest.mark.parametrize("name", ["trainer_dps_replay_ds", "trainer_async_dps_replay_ds", "fabric_async_dots"])
+def test_two_ranks_agree_and_the_rows_they_train_are_the_record_and_never_in_flight(runs, name):
+    """The plan, every callback's state and the parameters stay equal on both ranks; what the ranks train together
+    is exactly the record's trained batch (dynamic sampling after replay: the kept groups fetched from the rank that
+    holds each, whatever block of the first round it came from); at async depth 1 (a generation process per rank)
+    the batches in flight together share no prompt."""
+    r0, r1 = runs(name)[0]
+    assert r0["params"] == r1["params"], "parameters differ between ranks"
+    assert len(r0["steps"]) == len(r1["steps"]) == 4
+    for t, (a, b) in enumerate(zip(r0["steps"], r1["steps"])):
+        assert a["callbacks"] == b["callbacks"], f"step {t}: selection states differ between ranks"
+        assert a["plan"] == b["plan"] and a["scheduled"] == b["scheduled"] and a["budget"] == b["budget"]
+        assert not set(a["fresh"] + a["replayed"]) & set(b["fresh"] + b["replayed"])
+        assert sorted(a["fresh"] + a["replayed"] + b["fresh"] + b["replayed"]) == a["global"]
+    for t in range(3 if "async" in name else 0):
+        now = set(r0["steps"][t]["observed"])
+        after = set(r0["steps"][t + 1]["observed"])
+        assert not now & after, f"steps {t} and {t + 1} were in flight together and share {now & after}"
+
+
+@pytest.mark.parametrize("name", ["trainer_dots", "fabric_dots", "fabric_async_dots"])
 def test_validation_counts_every_prompt_once_on_two_ranks(runs, name):
     """7 held-out prompts in global batches of 4 and 3: the ranks split each batch (2 + 2, then 2 + 1 padded to 2),
     and the synced metrics count 7 prompts, the padding never; both ranks report the same values."""
