@@ -91,6 +91,7 @@ class StudyConfig:
     epsilon: float = 0.2
     adam_betas: tuple[float, float] = (0.9, 0.99)
     max_grad_norm: float = 1.0
+    async_depth: int = 0  # model.generation.async_depth: batches generated ahead, in a process of one thread
     # -- budget and evaluation -------------------------------------------------------------------------------
     budget_completions: int = 38_400
     num_evals: int = 6
@@ -182,6 +183,8 @@ class StudyConfig:
         skip = {"strategies", "seeds", "pool_sizes", "sweep_seeds", "sweep_strategies", "jobs", "run_timeout_s",
                 "confidence", "sft_threads", "degeneracy_sample", "degeneracy_generations", *STRATEGY_FIELDS}
         data = {k: v for k, v in self.to_dict().items() if k not in skip}
+        if not data.get("async_depth"):  # added later: synchronous runs keep the fingerprints they were made with
+            data.pop("async_depth", None)
         return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
