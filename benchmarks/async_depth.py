@@ -53,6 +53,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cores", type=int, default=2, help="torch threads in all, per depth")
     p.add_argument("--split", default=None, help="depth >= 1: 'trainer,generation' torch threads (default: cores - 1, "
                                                   "the rest)")
+    p.add_argument("--device", default="cpu", help="the trainer's device (cpu, cuda)")
+    p.add_argument("--generation-device", default=None,
+                   help="depth >= 1: the generation process's device (default: cuda:1 when there are two GPUs, else "
+                        "the trainer's)")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "async_depth.json"))
     return p.parse_args(argv)
 
@@ -80,12 +84,16 @@ def run(a: argparse.Namespace, depth: int) -> dict[str, Any]:
         from lit_rlft.rollout.vllm import VLLMEngine
 
         engine = VLLMEngine(dtype="float32", max_model_len=512, kv_cache_memory_bytes=256 * 2**20)
+    gen_device = a.generation_device or ("cuda:1" if a.device.startswith("cuda") and torch.cuda.device_count() > 1
+                                         else a.device)
     config = GRPOConfig(
         model=a.model, tiny=tiny, engine=engine, reward_funcs=["benchmarks.async_depth.coin_reward"],
         generation=GenerationConfig(num_generations=a.generations, max_completion_length=a.max_new_tokens,
-                                    async_depth=depth, async_threads=generation_threads or None),
+                                    async_depth=depth, async_threads=generation_threads or None,
+                                    async_device=gen_device if depth else None),
         optim=OptimConfig(learning_rate=1e-5))
     step = build_step(config)
+    step.policy.to(a.device)
     data = PromptDataModule(train=CountdownTask(size=2000, num_numbers=[2, 3, 4], split="train", seed=0),
                             answer_field=None, batch_size=a.prompts)
     data.setup("fit")
@@ -99,7 +107,8 @@ def run(a: argparse.Namespace, depth: int) -> dict[str, Any]:
         for _ in range(a.steps):
             out = step.run(backend)
             ends.append(time.perf_counter() - t0)
-            rows.append({k: float(v) for k, v in out.metrics.items() if k.startswith(("time/", "async/"))})
+            rows.append({k: float(v) for k, v in out.metrics.items()
+                         if k.startswith(("time/", "async/")) or k == "loss"})
     finally:
         step.close()
     times = [b - e for e, b in zip([0.0, *ends[:-1]], ends)][a.warmup:]

@@ -20,7 +20,10 @@ time in ten, which gives groups reward variance), and checks, printing one line 
    TRL's, its step time at most 0.9x TRL's;
 5. (GPU, with ``../shared/data/math``) two rollout steps of ``configs/math_qwen2.5-math-1.5b.yaml`` with DPS +
    replay through the command line, on a 1.3B-shaped random policy (hidden 1536, 28 layers) at a quarter of the
-   recipe's batch and 256 new tokens.
+   recipe's batch and 256 new tokens;
+6. asynchronous rollouts at depth 1 against depth 0 (``benchmarks/async_depth.py``, the check's model): the generation
+   process on the second GPU when there is one, sharing the first otherwise (the CPU path: one thread each); every
+   step's loss finite, staleness 1 from the second step on; steps per second of both depths reported.
 
 Exit status 0 when every check passes.
 """
@@ -145,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     if gpu and not a.skip_compare:
         checks += compare_with_trl(a.out)
         checks += math_recipe_steps(a.out)
+    checks += async_depth_check(a, gpu)
 
     for name, ok, detail in checks:
         print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}")
@@ -199,6 +203,31 @@ def math_recipe_steps(out: str) -> list[tuple[str, bool, str]]:
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     detail = f"{time.perf_counter() - t0:.0f} s; " + (done.stdout + done.stderr).strip().splitlines()[-1][:200]
     return [("MATH recipe, 1.3B-shaped policy, 2 rollout steps", done.returncode == 0, detail)]
+
+
+def async_depth_check(a: argparse.Namespace, gpu: bool) -> list[tuple[str, bool, str]]:
+    """Check 6: ``benchmarks/async_depth.py`` at depths 0 and 1 on the check's model."""
+    import json
+    import math
+    import subprocess
+
+    out = Path(a.out) / "async_depth.json"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "async_depth.py"), "--hidden", str(a.hidden), "--layers",
+           str(a.layers), "--prompts", "8", "--steps", "6", "--warmup", "2", "--rounds", "1", "--out", str(out)]
+    if gpu:
+        cmd += ["--device", "cuda", "--max-new-tokens", "128"]
+    result = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    if result.returncode != 0:
+        return [("async depth 1 trains", False, (result.stdout + result.stderr).strip().splitlines()[-1][:300])]
+    data = json.loads(out.read_text())
+    deep = next(r for r in data["runs"] if r["depth"] == 1)
+    stale = [m["async/staleness/max"] for m in deep["metrics"]]
+    ok = all(math.isfinite(m["loss"]) for m in deep["metrics"]) and stale[0] == 0 and all(s == 1 for s in stale[1:])
+    pooled = data["pooled_median_step_s"]
+    return [("async depth 1 trains, one step stale", ok,
+             f"staleness per step {stale}; median step {pooled['0']:.3f} s at depth 0, {pooled['1']:.3f} s at depth 1 "
+             f"({pooled['0'] / pooled['1']:.2f}x), generation share of the synchronous step "
+             f"{data['generation_share']:.2f}")]
 
 
 def starts_with_a_digit(completions: list[str], **columns) -> list[float]:

@@ -75,6 +75,8 @@ RUNS = {
     "trainer_async_dps_replay_ds": ["--callbacks", "dps,replay,ds", "--steps", "4", "--async-depth", "1"],
     "fabric_async_dots": ["--launcher", "fabric", "--callbacks", "dots", "--steps", "4", "--async-depth", "1",
                           "--val", "7"],
+    "fsdp2_lora_async": ["--strategy", "fsdp2", "--lora", "--callbacks", "dps,replay", "--steps", "4",
+                         "--async-depth", "1"],
 }
 
 
@@ -120,7 +122,8 @@ def test_two_ranks_hold_identical_state_and_train_disjoint_halves(runs, name):
     _assert_ranks_agree_and_split_the_batch(runs(name)[0], replay="replay" in name)
 
 
-@pytest.mark.parametrize("name", ["trainer_dps_replay_ds", "trainer_async_dps_replay_ds", "fabric_async_dots"])
+@pytest.mark.parametrize("name", ["trainer_dps_replay_ds", "trainer_async_dps_replay_ds", "fabric_async_dots",
+                                  "fsdp2_lora_async"])
 def test_two_ranks_agree_and_the_rows_they_train_are_the_record_and_never_in_flight(runs, name):
     """The plan, every callback's state and the parameters stay equal on both ranks; what the ranks train together
     is exactly the record's trained batch (dynamic sampling after replay: the kept groups fetched from the rank that
@@ -354,4 +357,5 @@ def test_the_cli_trains_with_fsdp2_on_two_cpu_ranks_from_yaml(tmp_path):
 def test_the_gpu_check_script_runs_its_path_on_the_cpu(tmp_path):
     result = _command("scripts/gpu_check.py", "--accelerator", "cpu", "--hidden", "128", "--layers", "2",
                       "--steps", "2", "--batch-size", "4", "--out", str(tmp_path))
-    assert result.stdout.count("PASS") == 4 and "FAIL" not in result.stdout, result.stdout[-3000:]
+    assert result.stdout.count("PASS") == 5 and "FAIL" not in result.stdout, result.stdout[-3000:]
+    assert "PASS async depth 1 trains, one step stale: staleness per step [0.0, 1.0, 1.0, 1.0, 1.0, 1.0]" in result.stdout

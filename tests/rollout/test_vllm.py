@@ -429,3 +429,34 @@ def test_adapter_sync_under_fsdp2_on_two_ranks(tmp_path):
         for mode in ("merged", "adapter"):
             assert r[f"{mode}_start"] < TOL and r[f"{mode}_synced"] < TOL and r[f"{mode}_stale"] > 0.05, r
         assert r["adapter_bytes"] * 10 < r["merged_bytes"]
+
+
+@vllm_only
+@pytest.mark.vllm
+def test_async_depth_1_generates_with_vllm_in_its_own_process():
+    """vLLM set up inside the generation process, weights pushed after every update: each trained row's behaviour
+    log-probs are those of the weights one version back (the trainer's own log-probs of that version, to 1e-4)."""
+    import copy
+
+    from lit_rlft import build_step
+    from tests.conftest import tiny_config
+    from tests.step.test_async import COIN, _loop
+
+    versions = {}
+
+    def keep(step):
+        versions[step.rollout_step] = {n: p.detach().clone() for n, p in step.policy.state_dict().items()}
+
+    step = build_step(tiny_config(engine=_engine(), reward_funcs=[COIN], learning_rate=1e-2, async_depth=1,
+                                  async_threads=1))
+    outs = _loop(step, steps=3, before_step=keep)
+    policy = copy.deepcopy(step.policy).eval()
+    for t, out in enumerate(outs):
+        r = out.rollouts
+        version = max(t - 1, 0)
+        assert r.birth_step.tolist() == [version] * r.num_groups
+        policy.load_state_dict(versions[version])
+        mask = r.completion_mask.bool()
+        with torch.no_grad():
+            mine = step.updater.model_logprobs(policy, r, torch.arange(mask.shape[0]), torch.device("cpu"))[0]
+        assert (r.behaviour_logprobs - mine)[mask].abs().max() < TOL, t
