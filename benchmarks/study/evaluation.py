@@ -81,12 +81,12 @@ class EvalCallback(L.Callback):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(EVAL_SEED)
             val_ids = dm.pool("val").ids
-            _, correct = sample_groups(pl_module.grpo.engine, pl_module.tokenizer, dm, self._rewards, val_ids, "val",
+            _, correct = sample_groups(pl_module.grpo.local_engine(), pl_module.tokenizer, dm, self._rewards, val_ids, "val",
                                        self.k, sampling, max(1, self.chunk // self.k), threshold)
             point.update(self._by_difficulty("val/accuracy", correct.mean(axis=1),
                                              dm.reward_columns(val_ids, "val")["difficulty"], learnable=True))
             torch.manual_seed(EVAL_SEED + 1)
-            rewards, _ = sample_groups(pl_module.grpo.engine, pl_module.tokenizer, dm, self._rewards, self.train_ids,
+            rewards, _ = sample_groups(pl_module.grpo.local_engine(), pl_module.tokenizer, dm, self._rewards, self.train_ids,
                                        "train", self.train_generations, train_sampling,
                                        max(1, self.chunk // self.train_generations), threshold)
             point.update(self._by_difficulty("train_pool_reward", rewards.mean(axis=1),

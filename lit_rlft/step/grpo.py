@@ -40,6 +40,7 @@ from lit_rlft.core.losses import GRPOLoss
 from lit_rlft.core.types import OutcomeRecord, Rollouts
 from lit_rlft.models.sharding import hf_model, is_sharded
 from lit_rlft.rollout.base import RolloutEngine, SamplingConfig, stop_token_ids
+from lit_rlft.rollout.hf import HFEngine
 from lit_rlft.rollout.worker import RolloutWorker, Split
 from lit_rlft.step.budget import RolloutBudget
 from lit_rlft.step.config import GenerationConfig, OptimConfig
@@ -178,8 +179,19 @@ class GRPOStep:
 
     @property
     def engine(self) -> RolloutEngine:
-        """The rollout engine (the worker's)."""
+        """The rollout engine (the worker's; at ``async_depth > 0`` its settings: the generation process sets up its
+        own copy, see :meth:`local_engine`)."""
         return self.worker.engine
+
+    def local_engine(self) -> RolloutEngine:
+        """An engine that samples from the trainer's own policy in this process: :attr:`engine`, or at
+        ``async_depth > 0`` (where that one is not set up here) an :class:`HFEngine` bound to the policy, made once.
+        For measurements beside training (held-out sampling), not for training rollouts."""
+        if self.pipeline is None:
+            return self.engine
+        if getattr(self, "_local_engine", None) is None or self._local_engine.model is not self.policy:
+            self._local_engine = HFEngine.bound(self.policy, self.tokenizer)
+        return self._local_engine
 
     @property
     def rewards(self) -> Callable[..., Any]:
