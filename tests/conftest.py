@@ -21,12 +21,10 @@ TINY_SMALL = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 
 def tiny_settings(**overrides):
     """The settings of a GRPO step on the tiny policy; ``overrides`` may use the flat option names
     (``learning_rate=...``), which are nested into ``generation`` / ``loss`` / ``optim`` here."""
-    from lit_rlft.models.tiny import TinyConfig
-    from lit_rlft.step.config import nest_flat_options
-
     import dataclasses
 
-    from lit_rlft.step.config import GenerationConfig
+    from lit_rlft.models.tiny import TinyConfig
+    from lit_rlft.step.config import GenerationConfig, nest_flat_options
 
     kwargs = dict(model="tiny", tiny=TinyConfig(**TINY_SMALL), reward_funcs=["lit_rlft.rewards.countdown_reward"],
                   num_generations=4, max_completion_length=8, learning_rate=1e-2)

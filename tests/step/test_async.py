@@ -19,11 +19,17 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lit_rlft import build_step
-from lit_rlft.callbacks import (DOTSCallback, DPSCallback, DynamicSamplingCallback, GRESOCallback,
-                                HistoryResamplingCallback, MoPPSCallback, ReplayCallback)
+from lit_rlft.callbacks import (
+    DOTSCallback,
+    DPSCallback,
+    DynamicSamplingCallback,
+    GRESOCallback,
+    HistoryResamplingCallback,
+    MoPPSCallback,
+    ReplayCallback,
+)
 from lit_rlft.core.advantages import group_advantages
 from lit_rlft.step import TorchBackend
-from lit_rlft.step.generation_process import GenerationError
 from lit_rlft.step.optim import configure_adamw
 from tests.conftest import REPO, countdown_dm, tiny_config, tiny_module, tiny_trainer
 from tests.step.test_grpo_step import Trained
