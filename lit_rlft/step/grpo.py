@@ -123,6 +123,7 @@ class GRPOStep:
         self._stop: str | None = None
         self._engine_stale = False  # weights changed since the engine last saw them (a checkpoint was loaded)
         self._val_calls = 0
+        self._local_engine: HFEngine | None = None  # at async depth: an HF engine on the trainer's policy
 
     # ------------------------------------------------------------------------------------------------ wiring
     def bind(self, data: PromptData, collective: Collective | None = None, *, callbacks: Sequence[Any] = (),
@@ -189,7 +190,7 @@ class GRPOStep:
         For measurements beside training (held-out sampling), not for training rollouts."""
         if self.pipeline is None:
             return self.engine
-        if getattr(self, "_local_engine", None) is None or self._local_engine.model is not self.policy:
+        if self._local_engine is None or self._local_engine.model is not self.policy:
             self._local_engine = HFEngine.bound(self.policy, self.tokenizer)
         return self._local_engine
 

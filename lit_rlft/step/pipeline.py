@@ -38,7 +38,7 @@ import numpy as np
 
 from lit_rlft.core.distributed import shard_slice
 from lit_rlft.core.types import OutcomeRecord, Rollouts
-from lit_rlft.step.generation_process import GenerationProcess, GenerationRequest
+from lit_rlft.step.generation_process import GenerationError, GenerationProcess, GenerationRequest
 
 if TYPE_CHECKING:
     from torch import nn
@@ -72,32 +72,32 @@ class AsyncRollouts:
         self.in_flight: deque[tuple[int, np.ndarray, int]] = deque()  # (step index, global ids, ticket)
         self._ledger: list[tuple[int, list[int]]] = []  # restored from a checkpoint, dispatched first
         self._next_index = 0  # the step index of the next batch dispatched
-        self.version = -1  # the weights version last pushed
         self.stats = {"wait_s": 0.0, "idle_s": 0.0}
 
     # -- the process ------------------------------------------------------------------------------------
     def ensure(self, step: GRPOStep) -> GenerationProcess:
-        """The generation process, started (with the trainer's current weights) if it is not running."""
-        if self.process is None or not self.process.alive:
+        """The generation process, started (with the trainer's current weights) if there is none; one that died is
+        an error (:class:`GenerationError`), never silently replaced: the requests it held would never be answered."""
+        if self.process is not None and not self.process.alive:
+            raise GenerationError(f"the generation process (pid {self.process.pid}) died (exit code "
+                                  f"{self.process.process.returncode}) between steps")
+        if self.process is None:
             if step.config is None:
                 raise ValueError("model.generation.async_depth > 0 needs a step built by build_step(GRPOConfig(...)) "
                                  "(the generation process builds its copy of the policy from the config)")
-            if self.process is not None:
-                self.process.close()
             self.process = GenerationProcess(step.config, step.engine, step.rewards, step.tokenizer,
                                              step.worker.success_threshold, threads=self.threads, device=self.device,
                                              timeout_s=self.timeout_s)
             self.process.push(step.policy, step.rollout_step, full=True)
-            self.version = step.rollout_step
         return self.process
 
     def push(self, step: GRPOStep, policy: nn.Module, version: int, full: bool) -> None:
-        """Weights ``version`` to the process (every rank: an FSDP2 shard is gathered)."""
-        if self.process is None or not self.process.alive:
-            self.ensure(step)  # starts with the current weights
+        """Weights ``version`` to the process, which starts with the current weights if there is none (every rank
+        calls this: an FSDP2 shard is gathered)."""
+        if self.process is None:
+            self.ensure(step)
         else:
             self.process.push(policy, version, full=full)
-        self.version = version
 
     def close(self) -> None:
         """Stop the process; batches in flight are dropped (they are in the ledger of the last checkpoint)."""
@@ -110,28 +110,34 @@ class AsyncRollouts:
     # -- batches ------------------------------------------------------------------------------------------
     def next_batch(self, step: GRPOStep) -> tuple[Rollouts, OutcomeRecord]:
         """Dispatch what is planned up to ``depth + 1`` batches in flight, then receive the oldest (step
-        ``step.rollout_step``): this rank's rollouts and every rank's outcome record."""
-        self.ensure(step)
+        ``step.rollout_step``): this rank's rollouts and every rank's outcome record.
+
+        The plans come first, alike on every rank (drawing one is a collective on several ranks); what may fail on
+        one rank only (the process, a request) runs inside ``try`` and reaches the others through the gather."""
+        plan = step.data.plan
         if not self.in_flight and not self._ledger:
             self._next_index = step.rollout_step
-        while self._ledger:
-            index, ids = self._ledger.pop(0)
-            self._next_index = index
-            self._dispatch(step, np.asarray(ids, dtype=np.int64))
-        while len(self.in_flight) <= self.depth:
-            self._dispatch(step, step.plan_batch())
-        index, ids, ticket = self.in_flight.popleft()
-        if index != step.rollout_step:
-            raise RuntimeError(f"asynchronous rollouts out of order: received the batch of step {index} at step "
-                               f"{step.rollout_step}")
-        step.data.plan.in_flight.difference_update(ids.tolist())
+        batches = [(index, np.asarray(ids, dtype=np.int64)) for index, ids in self._ledger]
+        self._ledger = []
+        while len(self.in_flight) + len(batches) <= self.depth:
+            batches.append((batches[-1][0] + 1 if batches else self._next_index, step.plan_batch()))
+            plan.in_flight.update(batches[-1][1].tolist())  # the next draw skips it
+        local = payload = error = None
         t0 = time.perf_counter()
         try:
+            self.ensure(step)
+            for index, ids in batches:
+                self._dispatch(step, index, ids)
+            index, ids, ticket = self.in_flight.popleft()
+            plan.in_flight.difference_update(ids.tolist())
+            if index != step.rollout_step:
+                raise RuntimeError(f"asynchronous rollouts out of order: received the batch of step {index} at step "
+                                   f"{step.rollout_step}")
             reply = self.process.result(ticket)
-            local, payload, error = reply.rollouts, step.payload(reply.rollouts, reply.failures), None
+            local, payload = reply.rollouts, step.payload(reply.rollouts, reply.failures)
             self.stats["idle_s"] += reply.idle_s
         except Exception as exc:
-            local, payload, error = None, None, exc
+            error = exc
         self.stats["wait_s"] += time.perf_counter() - t0
         return local, step.gathered(payload, error, "train")
 
@@ -143,15 +149,16 @@ class AsyncRollouts:
                                                             seed)))
         return reply.rollouts, reply.failures
 
-    def _dispatch(self, step: GRPOStep, ids: np.ndarray) -> None:
+    def _dispatch(self, step: GRPOStep, index: int, ids: np.ndarray) -> None:
+        """Submit this rank's slice of the global ``ids`` of step ``index``."""
         coll = step.collective
         local = ids[shard_slice(len(ids), coll.rank, coll.world_size, what="train batch")]
-        seed = step.seeds.dispatch_seed(self._next_index, coll.rank)
+        seed = step.seeds.dispatch_seed(index, coll.rank)
         ticket = self.process.submit(self._request(step, local, step.num_generations, step.generation.sampling,
                                                    "train", seed))
-        self.in_flight.append((self._next_index, ids, ticket))
+        self.in_flight.append((index, ids, ticket))
         step.data.plan.in_flight.update(ids.tolist())
-        self._next_index += 1
+        self._next_index = index + 1
 
     @staticmethod
     def _request(step: GRPOStep, local_ids: np.ndarray, num_generations: int, sampling: SamplingConfig, split: str,

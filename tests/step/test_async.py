@@ -13,7 +13,6 @@ import sys
 import time
 
 import lightning as L
-import numpy as np
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -228,4 +227,3 @@ def test_depth_needs_a_config_and_is_checked():
     step.config = None  # a step built by hand
     with pytest.raises(ValueError, match=r"needs a step built by build_step"):
         _loop(step, steps=1)
-    assert isinstance(np.asarray(step.in_flight), np.ndarray)
