@@ -179,7 +179,10 @@ def draw_excluding(draw: Any, k: int, exclude: np.ndarray | None, num_prompts: i
                              "model.generation.async_depth or the batch size")
         batch = [int(i) for i in draw(min(k - len(out), num_prompts))]
         drawn += len(batch)
-        out += [i for i in batch if i not in skip and i not in out]
+        for i in batch:
+            if i not in skip:
+                skip.add(i)  # taken: never twice
+                out.append(i)
     return np.asarray(out[:k], dtype=np.int64)
 
 
