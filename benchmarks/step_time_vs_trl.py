@@ -14,7 +14,10 @@ machine hits both alike):
 - the same weights: the tiny Qwen2 (hidden 128, 4 layers, head_dim 64, 1.06M parameters) and character tokenizer
   saved once by ``save_tiny_policy`` and loaded from that directory by both;
 - the same prompts in the same order: 16 Countdown prompts per step, taken from lit_rlft's own batch plan; TRL gets
-  them as a data set in that order with ``shuffle_dataset=False`` (the script checks that both saw the same ones);
+  them as a data set in that order with ``shuffle_dataset=False`` (the script checks that both saw the same ones,
+  and that TRL's tokenizer gives lit_rlft's prompt tokens: both load the tokenizer as saved; until 2026-12 TRL's
+  side loaded it with ``AutoTokenizer``, which for the tiny model drops the prompts' spaces: 10-token prompts against
+  lit_rlft's 13, which flattered TRL's step by about 5%);
 - G = 8 completions per prompt, at most 32 new tokens, temperature 1, HF ``generate`` (no vLLM), plain-text prompts;
 - one optimizer step per generation batch (``num_iterations=1``, one mini-batch, no gradient accumulation), no KL
   (``beta=0``, no reference model), the same loss aggregation and reward scaling, AdamW (torch, not fused) with
@@ -183,7 +186,7 @@ def planned_batches(args: argparse.Namespace, tokenizer: Any) -> list[dict[str, 
     out = []
     for _ in range(args.steps):
         ids = dm.plan.next_batch()
-        out.append({"prompt": dm.prompt_texts(ids), **dm.reward_columns(ids)})
+        out.append({"prompt": dm.prompt_texts(ids), **dm.reward_columns(ids), "_tokens": dm.prompt_tokens(ids)})
     return out
 
 
@@ -271,13 +274,14 @@ def run_lit(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[
 def run_trl(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[Any]]], out_dir: str) -> dict[str, Any]:
     import datasets
     import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from trl import GRPOConfig, GRPOTrainer
 
+    from lit_rlft.models.loading import load_tokenizer_for
     from lit_rlft.rewards import countdown_reward
 
     # lit_rlft's reward columns include "prompts" (the rendered texts); TRL passes its own ``prompts``.
-    rows = [{k: batch[k][j] for k in batch if k != "prompts"} for batch in plan for j in range(B)]
+    rows = [{k: batch[k][j] for k in batch if k not in ("prompts", "_tokens")} for batch in plan for j in range(B)]
     dataset = datasets.Dataset.from_list(rows)
     seen_prompts: list[list[str]] = []
 
@@ -347,7 +351,11 @@ def run_trl(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[
         seed=0,
     )
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    # The tokenizer as saved (lit_rlft's loader): AutoTokenizer would pick Qwen2Tokenizer from config.json for the
+    # tiny model, whose pre-tokenizer drops the spaces of character-level prompts (10 tokens where lit_rlft has 13).
+    tok = load_tokenizer_for(model_dir)
+    same_tokens = all(tok(text, add_special_tokens=False)["input_ids"] == list(ids)
+                      for batch in plan for text, ids in zip(batch["prompt"], batch["_tokens"]))
     timer = Timer()
     trainer = GRPOTrainer(
         model=model, reward_funcs=[countdown], args=cfg, train_dataset=dataset, processing_class=tok,
@@ -375,7 +383,7 @@ def run_trl(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[
         "generation_s": gen,
         "mean_completion_length": timer.lengths,
         "threads_seen": sorted(timer.threads),
-        "prompts_match_plan": seen_prompts == [p["prompt"] for p in plan],
+        "prompts_match_plan": seen_prompts == [p["prompt"] for p in plan] and same_tokens,
         "optimizer": type(trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer).__name__,
         "peak_memory_mib": peak_memory(args),
     }

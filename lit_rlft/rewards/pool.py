@@ -8,7 +8,10 @@ timeout interrupts. Here every (function, completion) pair is its own task:
 - a task that runs past ``timeout_s`` gets its worker killed (``SIGKILL``) and replaced; the other tasks of the call
   go on in the other workers and in the replacement;
 - workers are started once and reused across calls (fork by default, so closures and lambdas work), so a call costs
-  one pipe round trip per chunk of tasks.
+  one pipe round trip per chunk of tasks: a worker answers a chunk in one message (or a few, one per ``_FLUSH_S`` of
+  work), and tells the pool which task it is running, and since when, through a shared-memory word that the pool
+  reads when it decides a timeout. Tasks a killed worker had finished but not yet sent run again in another one
+  (seeded alike, so they score alike).
 
 The bound: a task finishes, or is abandoned and its process killed, within ``timeout_s`` plus the polling slack
 (tens of milliseconds) of the moment its worker started it. A call with ``H`` hostile tasks on ``W`` workers takes
@@ -51,6 +54,8 @@ OK, ERROR, TIMEOUT, CONTRACT = "ok", "error", "timeout", "contract"
 
 _MAX_CHUNK = 32
 _MAX_MESSAGE = 300
+_FLUSH_S = 0.05
+"""A worker sends the answers it holds before starting a task once they are this old (a kill loses less work)."""
 _PARENT_POLL_S = 0.5
 """How often an idle worker checks that its parent is alive (the portable fallback to the parent-death signal)."""
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -68,6 +73,13 @@ class Task:
 
 
 def _seed_everything(seed: int) -> None:
+    """``random``, numpy and torch's CPU generator; CUDA's and XPU's where they are initialised in this process.
+
+    Not ``torch.manual_seed``: it also queues lazy seeds for every accelerator backend, 60 us a call against 1 us,
+    which at one call per task was a third of a cheap rule reward's cost. A reward function that runs on an
+    accelerator inside a worker (possible with ``start_method="spawn"``) is seeded from its second task on, once
+    the backend is initialised; initialise it when the function's module is imported to have every task seeded.
+    """
     import random
 
     import numpy as np
@@ -75,7 +87,12 @@ def _seed_everything(seed: int) -> None:
 
     random.seed(seed)
     np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_initialized():
+        torch.cuda.manual_seed_all(seed)
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and xpu.is_initialized():
+        xpu.manual_seed_all(seed)
 
 
 @dataclass(frozen=True)
@@ -164,13 +181,17 @@ def _orphaned(parent: int, owner: int) -> bool:
 
 
 def _worker_main(
-    conn: Connection, funcs: Sequence[Callable[..., Any]], owner: int, parent: int | None, death_signal: bool
+    conn: Connection, funcs: Sequence[Callable[..., Any]], owner: int, parent: int | None, death_signal: bool,
+    progress: Any,
 ) -> None:
-    """Worker loop: receive a chunk of tasks, send one result per task as it finishes, until ``None``, EOF or the
-    death of the parent.
+    """Worker loop: receive a chunk of tasks, send their results in order (all at the end of the chunk, or those
+    held for ``_FLUSH_S`` before the next task starts), until ``None``, EOF or the death of the parent.
 
     Args:
         conn: this worker's end of its pipe.
+        progress: shared ``[position in the chunk, time.monotonic() when it started]`` of the running task (the
+            start written first, so that a reader who sees the same position twice around its read of the start
+            never pairs a position with an earlier task's start).
         funcs: the reward callables.
         owner: pid of the pool's process.
         parent: the expected parent pid (the owner; None under a fork server: the parent is whoever forked us).
@@ -205,18 +226,46 @@ def _worker_main(
             return
         if chunk is None:
             return
-        for task in chunk:
+        held: list[TaskResult] = []
+        flushed = time.monotonic()
+        for position, task in enumerate(chunk):
+            now = time.monotonic()
+            if held and now - flushed >= _FLUSH_S:
+                conn.send(held)
+                held, flushed = [], now
+            progress[1] = now
+            progress[0] = position
             if task.seed is not None:
                 _seed_everything(task.seed)
-            conn.send(score_task(funcs[task.func], task))
+            held.append(score_task(funcs[task.func], task))
+        conn.send(held)
 
 
 @dataclass
 class _Worker:
     process: Any
     conn: Connection
-    chunk: list[int] = field(default_factory=list)  # task indices sent, not yet answered, in order
-    started: float = 0.0  # when the task at chunk[0] started (the previous answer, or the send)
+    progress: Any  # shared [position in `sent`, start time] of the running task (see _worker_main)
+    sent: list[int] = field(default_factory=list)  # task indices of the chunk sent last, in order
+    chunk: list[int] = field(default_factory=list)  # those not answered yet, in order (a suffix of `sent`)
+
+    def running(self) -> tuple[int, float]:
+        """``(index into sent, start time)`` of the task the worker is running (or the chunk's send time and 0
+        before it starts one); a start read while the worker moves on is taken as now (it is not stuck)."""
+        for _ in range(3):
+            before, started, after = self.progress[0], self.progress[1], self.progress[0]
+            if before == after:
+                return int(before), started
+        return int(self.progress[0]), time.monotonic()
+
+    def blame(self) -> tuple[int, list[int]]:
+        """The task the worker was running when it was stopped, and the chunk's other unanswered tasks (those it
+        finished without sending them included: they run again)."""
+        position, _ = self.running()
+        task = self.sent[position] if position < len(self.sent) else self.chunk[0]
+        if task not in self.chunk:  # answered already: the worker was between tasks
+            task = self.chunk[0]
+        return task, [i for i in self.chunk if i != task]
 
 
 def _stop_workers(workers: list[_Worker]) -> None:
@@ -310,7 +359,8 @@ class WorkerPool:
         # it would kill a healthy worker, so there the polling fallback alone applies. A fork server forks from its
         # main thread.
         death_signal = forkserver or threading.current_thread() is threading.main_thread()
-        args = (child, self.funcs, os.getpid(), None if forkserver else os.getpid(), death_signal)
+        progress = self._ctx.RawArray(ctypes.c_double, 2)
+        args = (child, self.funcs, os.getpid(), None if forkserver else os.getpid(), death_signal, progress)
         process = self._ctx.Process(target=_worker_main, args=args, daemon=True, name="lit-rlft-reward")
         self._opening = parent  # the at-fork hook closes it in the child: a worker must not hold its own pipe open
         try:
@@ -321,7 +371,7 @@ class WorkerPool:
         finally:
             self._opening = None
             child.close()
-        return _Worker(process, parent)
+        return _Worker(process, parent, progress)
 
     def _ensure_started(self) -> None:
         while len(self._workers) < self.num_workers:
@@ -378,12 +428,14 @@ class WorkerPool:
             chunk = pending.popleft()
             for _attempt in range(2):
                 worker = self._workers[index]
+                worker.progress[1] = time.monotonic()  # the first task's bound runs from the send
+                worker.progress[0] = 0
                 try:
                     worker.conn.send([tasks[i] for i in chunk])
                 except (OSError, ValueError):
                     self._replace(index)
                     continue
-                worker.chunk, worker.started = list(chunk), time.monotonic()
+                worker.sent, worker.chunk = list(chunk), list(chunk)
                 break
             else:
                 pending.appendleft(chunk)
@@ -395,36 +447,43 @@ class WorkerPool:
         if not busy:
             return
         now = time.monotonic()
-        wait_s = max(0.0, min(worker.started + self.timeout_s for worker in busy) - now)
+        wait_s = max(0.0, min(worker.running()[1] + self.timeout_s for worker in busy) - now)
         ready = set(wait([worker.conn for worker in busy], timeout=wait_s))
         for index, worker in enumerate(self._workers):
-            if worker.conn not in ready:
-                continue
-            while worker.chunk and worker.conn.poll():
-                try:
-                    result = worker.conn.recv()
-                except (EOFError, OSError):  # died mid-task (segfault, out of memory)
-                    results[worker.chunk.pop(0)] = TaskResult(ERROR, "reward worker process died")
-                    rest = worker.chunk
-                    worker.chunk = []
-                    self._replace(index)
-                    if rest:
-                        pending.appendleft(rest)
-                    break
+            if worker.conn in ready and not self._receive(worker, results):  # died mid-chunk (segfault, OOM)
+                self._stop(index, results, pending, TaskResult(ERROR, "reward worker process died"))
+
+    def _receive(self, worker: _Worker, results: list[TaskResult | None]) -> bool:
+        """Record every answer waiting on ``worker``'s pipe; False when the pipe is closed (the worker died)."""
+        while worker.chunk and worker.conn.poll():
+            try:
+                answers = worker.conn.recv()
+            except (EOFError, OSError):
+                return False
+            for result in answers:
                 results[worker.chunk.pop(0)] = result
-                worker.started = time.monotonic()
+        return True
+
+    def _stop(self, index: int, results: list[TaskResult | None], pending: deque[list[int]],
+              outcome: TaskResult) -> None:
+        """Give the task worker ``index`` was running ``outcome``, requeue the rest of its chunk, replace it."""
+        worker = self._workers[index]
+        task, rest = worker.blame()
+        results[task] = outcome
+        worker.chunk = []
+        self._replace(index)
+        if rest:
+            pending.appendleft(rest)
 
     def _enforce_timeouts(self, results: list[TaskResult | None], pending: deque[list[int]]) -> None:
         """Kill and replace every worker whose current task ran past the bound; requeue the rest of its chunk."""
-        now = time.monotonic()
         for index, worker in enumerate(self._workers):
-            if worker.chunk and now - worker.started >= self.timeout_s:
-                results[worker.chunk.pop(0)] = TaskResult(TIMEOUT)
-                rest = worker.chunk
-                worker.chunk = []
-                self._replace(index)
-                if rest:
-                    pending.appendleft(rest)
+            if not worker.chunk or time.monotonic() - worker.running()[1] < self.timeout_s:
+                continue
+            if not self._receive(worker, results):  # answers sent just before the bound are kept
+                self._stop(index, results, pending, TaskResult(ERROR, "reward worker process died"))
+            elif worker.chunk and time.monotonic() - worker.running()[1] >= self.timeout_s:
+                self._stop(index, results, pending, TaskResult(TIMEOUT))
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

@@ -165,3 +165,35 @@ def test_a_sampling_reward_is_reproducible_from_the_callers_seed() -> None:
     assert not torch.equal(first[0], first[1])  # a later call in the same step draws other numbers
     assert len(set(first[0].tolist())) == 3
     runner.close()
+
+
+def coin_or_hang(completions: list[str], **kwargs: object) -> list[float]:
+    """A seeded coin, except "hang" hangs in C code."""
+    hostile_length(completions)
+    return [float(torch.rand(()))]
+
+
+def test_tasks_finished_but_unsent_when_a_worker_is_killed_run_again_alike() -> None:
+    """A worker answers a chunk at its end: the tasks it finished before a hang in the same chunk are lost with it
+    and run again in its replacement, seeded alike, so every score equals a run without the hang."""
+    texts = [f"t{i}" for i in range(12)]  # one worker, 12 tasks: chunks of 3
+    seeds = list(range(100, 112))
+    pool = WorkerPool([coin_or_hang], timeout_s=1.0, num_workers=1)
+    clean = pool.run([Task(0, t, {}, s) for t, s in zip(texts, seeds)])
+    hostile = list(texts)
+    hostile[5] = "hang"  # the last task of the second chunk: its two first tasks finished, unsent
+    results = pool.run([Task(0, t, {}, s) for t, s in zip(hostile, seeds)])
+    assert [r.outcome for r in results] == [OK] * 5 + [TIMEOUT] + [OK] * 6
+    assert [r.value for i, r in enumerate(results) if i != 5] == [r.value for i, r in enumerate(clean) if i != 5]
+    assert pool.restarts == 1
+    pool.close()
+
+
+def test_a_worker_dying_after_finished_tasks_blames_only_the_task_it_was_running() -> None:
+    pool = WorkerPool([hostile_length], timeout_s=5.0, num_workers=1)
+    texts = ["a" * (i + 1) for i in range(12)]
+    texts[4] = "die"  # second chunk of 3: one task finished before it, one after
+    results = pool.run([Task(0, t, {}) for t in texts])
+    assert results[4].outcome == ERROR and "died" in results[4].value
+    assert [r.value for i, r in enumerate(results) if i != 4] == [float(len(t)) for i, t in enumerate(texts) if i != 4]
+    pool.close()
