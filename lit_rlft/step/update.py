@@ -182,7 +182,7 @@ class PolicyUpdater:
         if ref_logprobs is not None and self.num_iterations > 1:  # the frozen reference's pass once, not per pass
             ref_all = self._every_row(ref_logprobs, rollouts, collective)
             ref_logprobs = None if ref_all is None else (lambda _rollouts, rows: ref_all[rows.to(ref_all.device)])
-        stats: dict[str, list[float]] = defaultdict(list)
+        stats: dict[str, list[float | Tensor]] = defaultdict(list)  # tensors stay on the device until the end
         for _ in range(self.num_iterations):
             perm = torch.randperm(N) if self.num_mini_batches > 1 else torch.arange(N)
             mini_batches = self.split(rollouts, list(perm.chunk(self.num_mini_batches)), collective)
@@ -196,7 +196,7 @@ class PolicyUpdater:
                                                              self.padding_free, self.micro_batch_tokens is not None))
         skipped = len(stats.pop("nonfinite_skips", []))
         reduce = {"/min": np.min, "/max": np.max}
-        metrics = {k: float(reduce.get(k[k.rfind("/"):], np.mean)(v)) for k, v in stats.items()}
+        metrics = {k: float(reduce.get(k[k.rfind("/"):], np.mean)(v)) for k, v in _to_host(stats).items()}
         metrics["nonfinite_skips"] = float(skipped)
         metrics["learning_rate"] = backend.learning_rate()
         if self.entropy_control.enabled:
@@ -205,11 +205,14 @@ class PolicyUpdater:
 
     def _optimizer_step(self, rollouts: Rollouts, micro: list[Tensor], weights: list[float], total: float,
                         advantages: Tensor, old: Tensor | None, backend: UpdateBackend, collective: Collective,
-                        ref_logprobs: RefLogprobs | None, stats: dict[str, list[float]]) -> None:
-        """One mini-batch: its micro-batches' backward passes (gradient sync on the last), clipping, one step."""
+                        ref_logprobs: RefLogprobs | None, stats: dict[str, list[float | Tensor]]) -> None:
+        """One mini-batch: its micro-batches' backward passes (gradient sync on the last), clipping, one step.
+
+        The micro-batches' statistics stay on the device (``stats``; :func:`_to_host` reads them back once per
+        update): on an accelerator every ``float(tensor)`` waits for the queued work, ~10 waits per micro-batch."""
         world = collective.world_size
         threshold, bonus_tokens = self._entropy_globals(rollouts, micro, backend, collective)
-        entropy_sums = torch.zeros(2, dtype=torch.float64)
+        entropy_sums: Tensor | None = None  # [2] on the device: sum and count of the bonus tokens' entropy
         backend.zero_grad()
         for i, (rows, w) in enumerate(zip(micro, weights)):
             with nullcontext() if i == len(micro) - 1 else backend.no_sync():
@@ -218,11 +221,12 @@ class PolicyUpdater:
                                           normaliser)
                 backend.backward(out.loss * (w / total * world))
             for k, v in out.metrics.items():
-                stats[k].append(float(v))
-            stats["entropy"].append(float(entropy))
-            stats["loss"].append(float(out.loss.detach()))
+                stats[k].append(v.detach() if isinstance(v, Tensor) else float(v))
+            stats["entropy"].append(entropy)
+            stats["loss"].append(out.loss.detach())
             if out.entropy_stats is not None:
-                entropy_sums += out.entropy_stats.detach().double().cpu()
+                part = out.entropy_stats.detach().double()
+                entropy_sums = part if entropy_sums is None else entropy_sums + part
         norm = backend.clip_grad_norm(self.max_grad_norm if self.max_grad_norm > 0 else math.inf)
         if math.isfinite(norm) or backend.scaler_skips_nonfinite:
             self.skips_in_a_row = 0
@@ -233,8 +237,8 @@ class PolicyUpdater:
         backend.optimizer_step()
         self.optimizer_steps += 1
         if self.entropy_control.adaptive:  # the global mean entropy of this step's bonus tokens
-            total_sum, count = (entropy_sums if world == 1 else
-                                torch.stack(collective.all_gather(entropy_sums)).sum(0)).tolist()
+            sums = torch.zeros(2, dtype=torch.float64) if entropy_sums is None else entropy_sums.cpu()
+            total_sum, count = (sums if world == 1 else torch.stack(collective.all_gather(sums)).sum(0)).tolist()
             self.entropy_control.update(total_sum / max(count, 1.0))
 
     def _entropy_globals(self, rollouts: Rollouts, micro: list[Tensor], backend: UpdateBackend,
@@ -259,7 +263,7 @@ class PolicyUpdater:
                 count = float(sum(collective.all_gather(count)))
         return threshold, (count if loss.entropy_bonus else None)
 
-    def _skip(self, backend: UpdateBackend, stats: dict[str, list[float]], norm: float) -> None:
+    def _skip(self, backend: UpdateBackend, stats: dict[str, list[float | Tensor]], norm: float) -> None:
         """Drop a non-finite gradient (the optimizer then steps over nothing); stop after too many in a row."""
         backend.zero_grad()
         self.skips_in_a_row += 1
@@ -304,16 +308,17 @@ class PolicyUpdater:
         mask = rollouts.completion_mask[rows].to(device)  # [n, L]
         old_rows = logprobs.detach() if old is None else old[rows].to(device)  # [n, L]
         engine = rollouts.engine_logprobs
-        replay_rows = rollouts.is_replay.repeat_interleave(rollouts.group_size)[rows].to(device)  # [n]
+        replay_host = rollouts.is_replay.repeat_interleave(rollouts.group_size)[rows]  # [n]
+        replay_rows = replay_host.to(device)  # [n]
         fresh_mu = engine[rows].to(device) if engine is not None else old_rows  # [n, L] mu of fresh rows (the rule)
         behaviour = None  # without replayed groups or engine log-probs, mu = pi_old: TRL's loss, no weights
         if bool(rollouts.is_replay.any()) or engine is not None:
             behaviour = fresh_mu
-            if bool(replay_rows.any()):
+            if bool(replay_host.any()):
                 if rollouts.behaviour_logprobs is None:
                     raise RuntimeError("replayed groups need behaviour_logprobs (the mu stored when they were fresh)")
                 behaviour = torch.where(replay_rows[:, None], rollouts.behaviour_logprobs[rows].to(device), fresh_mu)
-        _record_behaviour(rollouts, rows, replay_rows.cpu(), fresh_mu)
+        _record_behaviour(rollouts, rows, replay_host, fresh_mu)
         ref = ref_logprobs(rollouts, rows) if ref_logprobs is not None else None
         extra: dict[str, object] = {}
         if loss_fn.mask_truncated_completions:
@@ -344,6 +349,15 @@ def _record_behaviour(rollouts: Rollouts, rows: Tensor, replay_rows: Tensor, fre
         rollouts.behaviour_logprobs = torch.zeros(rollouts.completion_tokens.shape, dtype=torch.float32)
     fresh = rows[~replay_rows]
     rollouts.behaviour_logprobs[fresh] = fresh_mu.detach()[~replay_rows.to(fresh_mu.device)].float().cpu()
+
+
+def _to_host(stats: dict[str, list[float | Tensor]]) -> dict[str, list[float]]:
+    """``stats`` with every tensor read back as a float, in one device-to-host copy (values keep their order)."""
+    tensors = [v for values in stats.values() for v in values if isinstance(v, Tensor)]
+    if not tensors:
+        return {k: [float(v) for v in values] for k, values in stats.items()}
+    host = iter(torch.stack([t.reshape(()).to(tensors[0].device, torch.float64) for t in tensors]).cpu().tolist())
+    return {k: [next(host) if isinstance(v, Tensor) else float(v) for v in values] for k, values in stats.items()}
 
 
 def _sum_lists(parts: list[list[float]]) -> list[float]:
