@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from benchmarks.study.config import StudyConfig
+from benchmarks.study.config import SKEWED_POOL, StudyConfig
 
 
 def _ints(text: str) -> list[int]:
@@ -57,7 +57,8 @@ def parser() -> argparse.ArgumentParser:
         description="Train every data-selection strategy on the same Countdown pool, warm start, seeds and rollout "
                     "budget; write <out>/runs/*.json, study.json, results.md and plots. Re-running resumes.",
     )
-    p.add_argument("--out", type=Path, default=None, help=f"output folder (default {DEFAULT_OUT}; --quick: {QUICK_OUT})")
+    p.add_argument("--out", type=Path, default=None, help=f"output folder (default {DEFAULT_OUT}; --quick: {QUICK_OUT}; "
+                                                                 "--skewed: the same with _skewed)")
     p.add_argument("--quick", action="store_true", help="the < 15 minute variant (StudyConfig.quick())")
     p.add_argument("--strategies", type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
                    help="comma list of strategies")
@@ -72,6 +73,12 @@ def parser() -> argparse.ArgumentParser:
                                         "once into <out>/sft/model as the demo does")
     p.add_argument("--five-numbers", action="store_true", default=None,
                    help="add 5-number problems to the training pool")
+    p.add_argument("--bucket-weights", type=lambda t: [float(x) for x in t.split(",") if x.strip()],
+                   help="the pool's composition: a weight per number count of the pool (2,3,4 or, with "
+                        "--five-numbers, 2,3,4,5), e.g. 0.3,0.1,0.3,0.3")
+    p.add_argument("--skewed", action="store_true",
+                   help="the pool that wastes most rollouts (StudyConfig.skewed(): 5-number problems, weights "
+                        "0.3,0.1,0.3,0.3, target >= 70%% degenerate groups at the warm start)")
     p.add_argument("--set", dest="settings", type=_setting, action="append", default=[], metavar="KEY=VALUE",
                    help="any other StudyConfig field, repeatable, e.g. --set num_generations=16 --set dots_alpha=0.3")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
@@ -89,13 +96,15 @@ def config_from_args(a: argparse.Namespace) -> StudyConfig:
     """The study's config: ``StudyConfig`` (or ``.quick()``) with every given field option and ``--set`` applied."""
     overrides = {k: v for k, v in vars(a).items() if k in _FIELDS and v is not None}
     overrides.update(dict(a.settings))
+    if a.skewed:  # the skewed pool's settings, under anything given explicitly
+        overrides = {**SKEWED_POOL, **overrides}
     return StudyConfig.quick(**overrides) if a.quick else StudyConfig(**overrides)
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     cfg = config_from_args(a)
-    out = a.out or (QUICK_OUT if a.quick else DEFAULT_OUT)
+    out = a.out or Path(f"{QUICK_OUT if a.quick else DEFAULT_OUT}{'_skewed' if a.skewed else ''}")
     from benchmarks.study.study import run_study
 
     t0 = time.perf_counter()

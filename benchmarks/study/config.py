@@ -23,6 +23,9 @@ STRATEGY_FIELDS: frozenset[str] = frozenset({
     "dynamic_max_rounds",
 })
 
+#: The skewed pool's settings (:meth:`StudyConfig.skewed`, ``--skewed``).
+SKEWED_POOL: dict[str, Any] = {"five_numbers": True, "bucket_weights": [0.3, 0.1, 0.3, 0.3], "degenerate_target": 0.7}
+
 #: The strategies of the multi-epoch setting (the pools after the first), per the study's design.
 SWEEP_STRATEGIES: tuple[str, ...] = ("uniform", "dynamic_sampling", "dps", "dps_c8", "mopps", "greso", "dots_replay")
 
@@ -37,7 +40,9 @@ class StudyConfig:
     is the multi-epoch setting, closer to the papers' regime of many passes.
 
     Task: the training pool is ``CountdownTask(size=N, num_numbers=num_numbers (+ [5] with five_numbers),
-    split="train", seed=pool_seed)``; the held-out set is ``CountdownTask(size=eval_size, num_numbers=[2, 3, 4],
+    weights=bucket_weights, split="train", seed=pool_seed)``: ``bucket_weights`` (one per entry of
+    :attr:`pool_num_numbers`, ``None``: equal parts) sets the pool's composition; the measured share of degenerate
+    groups at the warm start is checked against ``degenerate_target`` (:meth:`skewed`: at least 70%); the held-out set is ``CountdownTask(size=eval_size, num_numbers=[2, 3, 4],
     split="test", seed=eval_seed)`` (the task's fixed hash keeps the two disjoint), evaluated at the training
     temperature with ``eval_num_generations`` samples per prompt. ``learnable_buckets`` are pooled into the
     "learnable" accuracy.
@@ -64,6 +69,8 @@ class StudyConfig:
     # -- task ------------------------------------------------------------------------------------------------
     num_numbers: list[int] = field(default_factory=lambda: [2, 3, 4])
     five_numbers: bool = False
+    bucket_weights: list[float] | None = None  # the pool's composition: a weight per entry of pool_num_numbers
+    degenerate_target: float = 0.5  # the share of degenerate groups at the warm start the pool is meant to have
     pool_seed: int = 1
     eval_size: int = 1800
     eval_seed: int = 2
@@ -132,6 +139,16 @@ class StudyConfig:
             raise ValueError(f"jobs must be 0 (in-process), 1 or 2 on this 2-core machine, got {self.jobs}")
         if self.num_evals < 1:
             raise ValueError(f"num_evals must be >= 1, got {self.num_evals}")
+        if self.bucket_weights is not None:
+            self.bucket_weights = [float(w) for w in self.bucket_weights]
+            buckets = self.pool_num_numbers
+            if len(self.bucket_weights) != len(buckets):
+                raise ValueError(f"bucket_weights has {len(self.bucket_weights)} entries for the pool's "
+                                 f"{len(buckets)} number counts {buckets}: give one weight per count")
+            if min(self.bucket_weights) < 0 or sum(self.bucket_weights) <= 0:
+                raise ValueError(f"bucket_weights must be >= 0 with a positive sum, got {self.bucket_weights}")
+        if not 0.0 <= self.degenerate_target <= 1.0:
+            raise ValueError(f"degenerate_target must lie in [0, 1], got {self.degenerate_target}")
 
     # -- variants ---------------------------------------------------------------------------------------------
     @classmethod
@@ -142,6 +159,23 @@ class StudyConfig:
                                   eval_size=300, degeneracy_sample=256, train_subset_size=128)
         kw.update(overrides)
         return cls(**kw)
+
+    @classmethod
+    def skewed(cls, **overrides: Any) -> StudyConfig:
+        """A pool that wastes most rollouts, as real pools do for a given model: 2-number prompts the warm start
+        already solves, 4- and 5-number prompts beyond it, few 3-number ones (weights 0.3, 0.1, 0.3, 0.3 over 2, 3,
+        4 and 5 numbers), meant to leave at least 70% of groups degenerate at the warm start (measured and reported
+        with every study). The held-out set stays 2-4 numbers in equal parts, as in the balanced study."""
+        kw: dict[str, Any] = dict(SKEWED_POOL)
+        kw.update(overrides)
+        return cls(**kw)
+
+    @property
+    def pool_composition(self) -> dict[int, float]:
+        """Number count -> its expected share of the training pool."""
+        buckets = self.pool_num_numbers
+        weights = self.bucket_weights or [1.0] * len(buckets)
+        return {k: w / sum(weights) for k, w in zip(buckets, weights)}
 
     # -- derived ----------------------------------------------------------------------------------------------
     @property
@@ -181,10 +215,12 @@ class StudyConfig:
         recorded callback settings match what the study passes now (``benchmarks.study.study.retire_stale_runs``),
         so changing one strategy's setting re-runs that strategy only."""
         skip = {"strategies", "seeds", "pool_sizes", "sweep_seeds", "sweep_strategies", "jobs", "run_timeout_s",
-                "confidence", "sft_threads", "degeneracy_sample", "degeneracy_generations", *STRATEGY_FIELDS}
+                "confidence", "sft_threads", "degeneracy_sample", "degeneracy_generations", "degenerate_target",
+                *STRATEGY_FIELDS}
         data = {k: v for k, v in self.to_dict().items() if k not in skip}
-        if not data.get("async_depth"):  # added later: synchronous runs keep the fingerprints they were made with
-            data.pop("async_depth", None)
+        for added in ("async_depth", "bucket_weights"):  # added later: runs without them keep their fingerprints
+            if not data.get(added):
+                data.pop(added, None)
         return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 

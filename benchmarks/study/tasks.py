@@ -10,7 +10,8 @@ from lit_rlft.data import CountdownTask, PromptDataModule
 
 def pool_task(cfg: StudyConfig, size: int) -> CountdownTask:
     """The training pool of ``size`` prompts (the same for every strategy and seed)."""
-    return CountdownTask(size=size, num_numbers=cfg.pool_num_numbers, split="train", seed=cfg.pool_seed)
+    return CountdownTask(size=size, num_numbers=cfg.pool_num_numbers, weights=cfg.bucket_weights, split="train",
+                         seed=cfg.pool_seed)
 
 
 def eval_task(cfg: StudyConfig) -> CountdownTask:

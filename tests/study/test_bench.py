@@ -126,3 +126,53 @@ def test_crossing_is_interpolated_and_censored():
     s = ratio_summary([(50.0, 100.0), (None, 100.0), (80.0, 100.0)])
     assert s["status"] == "partial" and s["a_not_reached"] == 1 and s["low"] is not None
     assert ratio_summary([(None, 1.0)])["status"] == "not_reached"
+
+
+def test_pool_composition_follows_the_bucket_weights_and_is_recorded():
+    from collections import Counter
+
+    from benchmarks.study.tasks import pool_task
+
+    skewed = StudyConfig.skewed()
+    assert skewed.pool_num_numbers == [2, 3, 4, 5] and skewed.degenerate_target == 0.7
+    assert skewed.pool_composition == pytest.approx({2: 0.3, 3: 0.1, 4: 0.3, 5: 0.3})
+    counts = Counter(r.data["difficulty"] for r in pool_task(skewed, 2000).records())
+    shares = {k: counts[k] / 2000 for k in (2, 3, 4, 5)}
+    assert shares == pytest.approx({2: 0.3, 3: 0.1, 4: 0.3, 5: 0.3}, abs=0.03)  # drawn: +-3 sd of 2,000 draws
+    balanced = Counter(r.data["difficulty"] for r in pool_task(StudyConfig(), 2000).records())
+    assert max(balanced.values()) - min(balanced.values()) < 150  # equal parts without weights
+    assert StudyConfig.from_dict(json.loads(json.dumps(skewed.to_dict()))) == skewed  # study.json round trip
+    # the balanced study's runs keep their fingerprints; a composition changes the fingerprint
+    assert StudyConfig(bucket_weights=None).run_fingerprint() == StudyConfig().run_fingerprint()
+    assert StudyConfig(bucket_weights=[1, 1, 2]).run_fingerprint() != StudyConfig().run_fingerprint()
+    assert StudyConfig(degenerate_target=0.9).run_fingerprint() == StudyConfig().run_fingerprint()
+
+
+@pytest.mark.parametrize("weights, match", [([1.0, 1.0], "2 entries for the pool's 3 number counts"),
+                                            ([1.0, -1.0, 1.0], ">= 0 with a positive sum"),
+                                            ([0.0, 0.0, 0.0], ">= 0 with a positive sum")])
+def test_bad_bucket_weights_name_the_setting(weights, match):
+    with pytest.raises(ValueError, match=match):
+        StudyConfig(bucket_weights=weights)
+
+
+def test_skewed_flag_sets_the_pool_under_explicit_options(tmp_path):
+    a = bench_cli.parser().parse_args(["--skewed", "--seeds", "0"])
+    cfg = bench_cli.config_from_args(a)
+    assert (cfg.five_numbers, cfg.bucket_weights, cfg.degenerate_target) == (True, [0.3, 0.1, 0.3, 0.3], 0.7)
+    a = bench_cli.parser().parse_args(["--skewed", "--quick", "--bucket-weights", "0.1,0.2,0.3,0.4"])
+    cfg = bench_cli.config_from_args(a)
+    assert cfg.bucket_weights == [0.1, 0.2, 0.3, 0.4] and cfg.budget_completions == StudyConfig.quick().budget_completions
+
+
+def test_degeneracy_report_states_the_target_and_composition():
+    from benchmarks.study.report import degeneracy_lines
+
+    fractions = {"n": 10, "all_correct": 0.2, "all_wrong": 0.6, "mixed": 0.2, "degenerate": 0.8, "mean_success": 0.3}
+    d = {"sampled": 10, "G": 8, "overall": fractions, "by_difficulty": {"5": fractions}, "target": 0.7,
+         "meets_target": True, "composition": {"2": 0.3, "3": 0.1, "4": 0.3, "5": 0.3}}
+    text = "\n".join(degeneracy_lines({"4000": d}))
+    assert "meets the 'at least 70% degenerate' target" in text and "5 numbers 30% of the pool" in text
+    old = {k: v for k, v in d.items() if k not in ("target", "meets_target", "composition")}
+    old["meets_half_degenerate"] = False
+    assert "does NOT meet the 'at least 50% degenerate' target" in "\n".join(degeneracy_lines({"4000": old}))
