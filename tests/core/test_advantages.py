@@ -1,9 +1,10 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 
-from lit_rlft.core.advantages import group_advantages, success_rates
+from lit_rlft.core.advantages import group_advantages, keep_mask, success_rates
 
 # Two groups (B=2) of three completions (G=3):
 #   group 0: [0, 2, 4]  mean 2, deviations [-2, 0, 2], unbiased var (4 + 0 + 4) / 2 = 4, std 2
@@ -68,3 +69,66 @@ def test_success_rates():
     # 2 of 4 correct, 0 of 4
     torch.testing.assert_close(success_rates(correct), torch.tensor([0.5, 0.0]))
     torch.testing.assert_close(success_rates(torch.tensor([[1, 1, 1], [0, 1, 0]])), torch.tensor([1.0, 1 / 3]))
+
+
+# -- groups of different sizes: padded to the largest, with a members mask ------------------------------------------
+def _ragged() -> tuple[torch.Tensor, torch.Tensor]:
+    rewards = torch.tensor([[1.0, 0.0, 1.0, 99.0], [0.0, 0.0, -5.0, 7.0], [0.5, 2.0, 1.0, 0.0]])  # 99, -5, 7: padding
+    members = torch.tensor([[True, True, True, False], [True, True, False, False], [True, True, True, True]])
+    return rewards, members
+
+
+def test_ragged_advantages_by_hand():
+    rewards, members = _ragged()
+    none = group_advantages(rewards, "none", members=members)
+    third = 1.0 / 3.0
+    assert torch.allclose(none[0], torch.tensor([third, -2 * third, third, 0.0]))  # mean 2/3 over 3 members
+    assert torch.equal(none[1], torch.zeros(4))  # two equal members: no signal, padding 0
+    scaled = group_advantages(rewards, "group", eps=0.0, members=members)
+    std0 = (((third) ** 2 * 2 + (2 * third) ** 2) / 2) ** 0.5  # unbiased over the 3 members: sqrt(1/3)
+    assert torch.allclose(scaled[0], torch.tensor([third, -2 * third, third, 0.0]) / std0)
+    assert torch.equal(group_advantages(rewards, "group", members=members)[1], torch.zeros(4))  # 0 / eps
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_ragged_advantages_equal_each_group_alone(scale):
+    rewards, members = _ragged()
+    ragged = group_advantages(rewards, scale, members=members)
+    real = [rewards[b][members[b]] for b in range(3)]
+    whole_std = torch.cat(real).std()
+    for b, r in enumerate(real):
+        alone = r - r.mean()
+        if scale == "group":
+            alone = alone / ((r.std() if len(r) > 1 else 0.0) + 1e-4)
+        elif scale == "batch":
+            alone = alone / (whole_std + 1e-4)
+        assert torch.allclose(ragged[b][members[b]], alone, atol=1e-6), (scale, b)
+        assert torch.equal(ragged[b][~members[b]], torch.zeros(int((~members[b]).sum())))
+
+
+def test_ragged_statistics_ignore_what_padding_holds():
+    rewards, members = _ragged()
+    other = rewards.clone()
+    other[~members] = torch.tensor([-3.0, 1e6, 0.25])
+    for scale in ("group", "batch", "none"):
+        assert torch.equal(group_advantages(rewards, scale, members=members),
+                           group_advantages(other, scale, members=members))
+    correct = rewards >= 1.0
+    assert torch.allclose(success_rates(correct, members), torch.tensor([2 / 3, 0.0, 0.5]))
+    # the first group's padding (99) would make a spread without the mask; the second's (-5, 7) too
+    assert keep_mask(rewards.numpy(), members.numpy()).tolist() == [True, False, True]
+    assert keep_mask(torch.tensor([[1.0, 1.0, 0.0]]).numpy(), np.array([[True, True, False]])).tolist() == [False]
+
+
+def test_full_members_give_the_unmasked_values_and_bad_members_are_refused():
+    rewards = torch.tensor([[1.0, 0.0, 1.0, 0.0], [0.2, 0.4, 0.4, 0.9]])
+    full = torch.ones_like(rewards, dtype=torch.bool)
+    for scale in ("group", "batch", "none"):
+        assert torch.allclose(group_advantages(rewards, scale, members=full), group_advantages(rewards, scale),
+                              atol=1e-6)
+    with pytest.raises(ValueError, match="at least one member"):
+        group_advantages(rewards, members=torch.tensor([[True] * 4, [False] * 4]))
+    with pytest.raises(ValueError, match="shape of the rewards"):
+        success_rates(rewards > 0, torch.ones(2, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="batch_members"):
+        group_advantages(rewards, "batch", members=full, batch_rewards=rewards)
