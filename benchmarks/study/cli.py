@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 from benchmarks.study.config import SKEWED_POOL, StudyConfig
+from benchmarks.study.jsonio import write_json
+from benchmarks.study.report import degeneracy_lines
 
 
 def _ints(text: str) -> list[int]:
@@ -82,6 +84,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="settings", type=_setting, action="append", default=[], metavar="KEY=VALUE",
                    help="any other StudyConfig field, repeatable, e.g. --set num_generations=16 --set dots_alpha=0.3")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+    p.add_argument("--degeneracy-only", action="store_true",
+                   help="only measure each pool's degenerate groups under the warm start (<out>/degeneracy.json), "
+                        "no training runs")
     for action in p._actions:
         text = default_text(action.dest) if action.dest in _FIELDS else None
         if text:
@@ -105,9 +110,17 @@ def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     cfg = config_from_args(a)
     out = a.out or Path(f"{QUICK_OUT if a.quick else DEFAULT_OUT}{'_skewed' if a.skewed else ''}")
-    from benchmarks.study.study import run_study
+    from benchmarks.study.study import pool_degeneracy, resolve_warm_start, run_study
 
     t0 = time.perf_counter()
+    if a.degeneracy_only:
+        out.mkdir(parents=True, exist_ok=True)
+        warm_start = resolve_warm_start(cfg, out, threads=cfg.sft_threads)
+        result = {"config": cfg.to_dict(), "warm_start": warm_start, "pools": pool_degeneracy(cfg, out, warm_start)}
+        write_json(out / "degeneracy.json", result)
+        print("\n".join(degeneracy_lines(result["pools"])))
+        print(f"benchmarks.study: wrote {out}/degeneracy.json in {time.perf_counter() - t0:.0f} s")
+        return 0
     run_study(cfg, out, progress=not a.no_progress)
     print((out / "results.md").read_text())
     print(f"benchmarks.study: wrote {out}/study.json, results.md and plots in {time.perf_counter() - t0:.0f} s")

@@ -50,8 +50,6 @@ def measure_degeneracy(cfg: StudyConfig, pool_size: int, warm_start: str, thread
     out: dict[str, Any] = {"pool_size": pool_size, "sampled": int(n), "G": cfg.degeneracy_generations,
                            "overall": group_fractions(correct)}
     out["by_difficulty"] = {str(d): group_fractions(correct[difficulty == d]) for d in sorted(set(difficulty.tolist()))}
-    out["target"] = cfg.degenerate_target
-    out["meets_target"] = out["overall"]["degenerate"] >= cfg.degenerate_target
     out["composition"] = {str(k): v for k, v in cfg.pool_composition.items()}
     out["seconds"] = time.perf_counter() - t0
     return out

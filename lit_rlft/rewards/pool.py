@@ -189,14 +189,14 @@ def _worker_main(
 
     Args:
         conn: this worker's end of its pipe.
-        progress: shared ``[position in the chunk, time.monotonic() when it started]`` of the running task (the
-            start written first, so that a reader who sees the same position twice around its read of the start
-            never pairs a position with an earlier task's start).
         funcs: the reward callables.
         owner: pid of the pool's process.
         parent: the expected parent pid (the owner; None under a fork server: the parent is whoever forked us).
         death_signal: arm the parent-death signal; only when the forking thread lives as long as its process (the
             signal follows the thread that forked, not the process).
+        progress: shared ``[position in the chunk, time.monotonic() when it started]`` of the running task (the
+            start written first, so that a reader who sees the same position twice around its read of the start
+            never pairs a position with an earlier task's start).
     """
     parent = os.getppid() if parent is None else parent
     if death_signal:
@@ -250,7 +250,7 @@ class _Worker:
     chunk: list[int] = field(default_factory=list)  # those not answered yet, in order (a suffix of `sent`)
 
     def running(self) -> tuple[int, float]:
-        """``(index into sent, start time)`` of the task the worker is running (or the chunk's send time and 0
+        """``(index into sent, start time)`` of the task the worker is running (``(0, the chunk's send time)``
         before it starts one); a start read while the worker moves on is taken as now (it is not stuck)."""
         for _ in range(3):
             before, started, after = self.progress[0], self.progress[1], self.progress[0]
@@ -475,14 +475,18 @@ class WorkerPool:
         if rest:
             pending.appendleft(rest)
 
+    def _overdue(self, worker: _Worker) -> bool:
+        """Whether ``worker`` has unanswered tasks and the one it runs started at least ``timeout_s`` ago."""
+        return bool(worker.chunk) and time.monotonic() - worker.running()[1] >= self.timeout_s
+
     def _enforce_timeouts(self, results: list[TaskResult | None], pending: deque[list[int]]) -> None:
         """Kill and replace every worker whose current task ran past the bound; requeue the rest of its chunk."""
         for index, worker in enumerate(self._workers):
-            if not worker.chunk or time.monotonic() - worker.running()[1] < self.timeout_s:
+            if not self._overdue(worker):
                 continue
             if not self._receive(worker, results):  # answers sent just before the bound are kept
                 self._stop(index, results, pending, TaskResult(ERROR, "reward worker process died"))
-            elif worker.chunk and time.monotonic() - worker.running()[1] >= self.timeout_s:
+            elif self._overdue(worker):  # still: the drained answers did not move it on
                 self._stop(index, results, pending, TaskResult(TIMEOUT))
 
     def __getstate__(self) -> dict[str, Any]:

@@ -156,7 +156,7 @@ def test_bad_bucket_weights_name_the_setting(weights, match):
         StudyConfig(bucket_weights=weights)
 
 
-def test_skewed_flag_sets_the_pool_under_explicit_options(tmp_path):
+def test_skewed_flag_sets_the_pool_under_explicit_options():
     a = bench_cli.parser().parse_args(["--skewed", "--seeds", "0"])
     cfg = bench_cli.config_from_args(a)
     assert (cfg.five_numbers, cfg.bucket_weights, cfg.degenerate_target) == (True, [0.3, 0.1, 0.3, 0.3], 0.7)
@@ -176,3 +176,19 @@ def test_degeneracy_report_states_the_target_and_composition():
     old = {k: v for k, v in d.items() if k not in ("target", "meets_target", "composition")}
     old["meets_half_degenerate"] = False
     assert "does NOT meet the 'at least 50% degenerate' target" in "\n".join(degeneracy_lines({"4000": old}))
+
+
+def test_degeneracy_only_measures_without_training_and_judges_against_todays_target(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench_cli, "config_from_args", lambda a: StudyConfig(**TINY_STUDY))
+    bench_cli.main(["--out", str(tmp_path), "--degeneracy-only"])
+    measured = json.loads((tmp_path / "degeneracy.json").read_text())["pools"]["64"]
+    fractions = measured["overall"]
+    assert fractions["n"] == 64 and fractions["all_correct"] + fractions["all_wrong"] + fractions["mixed"] == (
+        pytest.approx(1.0))
+    assert measured["meets_target"] == (fractions["degenerate"] >= 0.5) and not (tmp_path / "runs").exists()
+    # the target is not part of the cached measurement: a new target judges the cached fractions anew
+    from benchmarks.study.study import pool_degeneracy
+
+    strict = pool_degeneracy(StudyConfig(**TINY_STUDY, degenerate_target=1.0), tmp_path, "tiny")["64"]
+    assert strict["overall"] == fractions and strict["target"] == 1.0
+    assert strict["meets_target"] == (fractions["degenerate"] >= 1.0)
