@@ -21,6 +21,7 @@ from lit_rlft.callbacks import (
     ReplayCallback,
     RolloutBudgetStop,
     RolloutHook,
+    ScreeningCallback,
     SelectionCallback,
     SuccessRateRecorder,
 )
@@ -52,6 +53,6 @@ __all__ = [
     "DPSCallback", "DifficultyPredictorConfig", "DynamicSamplingCallback", "FabricLoop", "GRESOCallback", "GRPOLoss",
     "GRPOConfig", "GRPOModule", "GRPOStep", "GenerationConfig", "HFEngine", "HistoryResamplingCallback", "MoPPSCallback", "LoRAConfig", "OptimConfig", "OutcomeRecord", "PolicyUpdater", "PromptDataModule",
     "ReplayCallback", "RewardRunner", "RolloutBudgetStop", "RolloutEngine", "RolloutHook", "RolloutWorker",
-    "Rollouts", "SamplingConfig", "SelectionCallback", "StepContext", "StepOutput", "StopCondition", "SuccessRateRecorder", "TinyConfig", "TorchBackend",
+    "Rollouts", "SamplingConfig", "ScreeningCallback", "SelectionCallback", "StepContext", "StepOutput", "StopCondition", "SuccessRateRecorder", "TinyConfig", "TorchBackend",
     "__version__", "build_models", "build_step", "fsdp2_parallelize",
 ]

@@ -2,7 +2,8 @@
 
 Selection callbacks (``DPSCallback``, ``DOTSCallback``, ``HistoryResamplingCallback``) write the next step's
 prompts into the datamodule's batch plan from ``on_train_batch_end``; rollout hooks (``DynamicSamplingCallback``,
-``ReplayCallback``) reshape a step's rollout batch inside ``training_step``. They compose in one Trainer.
+``ScreeningCallback``, ``ReplayCallback``) reshape a step's rollout batch inside ``training_step``. They compose in one
+Trainer.
 """
 
 from lit_rlft.callbacks.base import RolloutHook
@@ -18,10 +19,11 @@ from lit_rlft.callbacks.history import HistoryResamplingCallback
 from lit_rlft.callbacks.mopps import MoPPSCallback
 from lit_rlft.callbacks.recorder import SuccessRateRecorder
 from lit_rlft.callbacks.replay import ReplayCallback
+from lit_rlft.callbacks.screening import ScreeningCallback
 from lit_rlft.callbacks.selection import SelectionCallback
 
 __all__ = [
     "BatchCompositionLogger", "CompletionLogger", "DOTSCallback", "DPSCallback", "DifficultyPredictorConfig",
     "DynamicSamplingCallback", "GRESOCallback", "HistoryResamplingCallback", "MoPPSCallback", "ReplayCallback",
-    "RolloutBudgetStop", "RolloutHook", "SelectionCallback", "SuccessRateRecorder",
+    "RolloutBudgetStop", "RolloutHook", "ScreeningCallback", "SelectionCallback", "SuccessRateRecorder",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any
 
@@ -40,8 +41,22 @@ class DynamicSamplingCallback(RolloutHook, StepCallback):
         self.filter = DynamicFilter(max_rounds=max_rounds)
         self.max_rounds = max_rounds
 
+    prefix = "dynamic_sampling"
+    """Where the callback logs (``<prefix>/rounds`` ...) and what its extra rounds are charged as."""
+
     def on_rollouts(self, ctx: StepContext, rollouts: Rollouts,
                     record: OutcomeRecord) -> tuple[Rollouts, OutcomeRecord]:
+        kept, locals_, records = self._rounds(ctx, rollouts, record)
+        if not kept:  # nothing to train on: the first round (zero advantages, no gradient)
+            return rollouts, OutcomeRecord.concat([records[0], *(r.with_trained(False) for r in records[1:])])
+        return self._kept(kept, locals_, records, ctx.collective)
+
+    def _rounds(self, ctx: StepContext, rollouts: Rollouts, record: OutcomeRecord,
+                num_generations: int | None = None) -> tuple[list[tuple[int, int]], list[Rollouts],
+                                                             list[OutcomeRecord]]:
+        """Rounds of ``B`` fresh candidates (``num_generations`` completions each, default ``G``) until ``B`` groups
+        with a reward spread are kept or ``max_rounds`` ran: the kept ``(round, row)`` labels (a multiple of the
+        ranks), every round's local rollouts and global records; logged under :attr:`prefix`."""
         coll = ctx.collective
         batch_size = record.num_groups  # global
         round_ = self.filter.start(batch_size)
@@ -55,27 +70,31 @@ class DynamicSamplingCallback(RolloutHook, StepCallback):
             if ids.size == 0:
                 break
             used.update(ids.tolist())
-            local, more = ctx.rollout(ids, purpose="dynamic_sampling")
+            local, more = ctx.rollout(ids, purpose=self.prefix, num_generations=num_generations)
             round_.add(more.rewards.numpy(), groups=[(len(records), j) for j in range(more.num_groups)])
             locals_.append(local)
             records.append(more)
         result = round_.finish()
         kept = result.kept[: len(result.kept) // coll.world_size * coll.world_size]
         ctx.log({
-            "dynamic_sampling/rounds": float(result.rounds),
-            "dynamic_sampling/kept_groups": float(result.num_kept),
-            "dynamic_sampling/discarded_groups": float(result.num_discarded),
-            "dynamic_sampling/rolled_out_groups": float(result.num_rolled_out),
-            "dynamic_sampling/filled": float(result.filled),
+            f"{self.prefix}/rounds": float(result.rounds),
+            f"{self.prefix}/kept_groups": float(result.num_kept),
+            f"{self.prefix}/discarded_groups": float(result.num_discarded),
+            f"{self.prefix}/rolled_out_groups": float(result.num_rolled_out),
+            f"{self.prefix}/filled": float(result.filled),
         })
         if not result.filled and coll.rank == 0:
             warnings.warn(
-                f"DynamicSamplingCallback: {result.num_kept} of {batch_size} effective groups after "
+                f"{type(self).__name__}: {result.num_kept} of {batch_size} effective groups after "
                 f"{result.rounds} rounds (max_rounds={self.max_rounds}); training on what was kept",
-                UserWarning, stacklevel=2,
+                UserWarning, stacklevel=3,
             )
-        if not kept:  # nothing to train on: the first round (zero advantages, no gradient)
-            return rollouts, OutcomeRecord.concat([records[0], *(r.with_trained(False) for r in records[1:])])
+        return kept, locals_, records
+
+    @staticmethod
+    def _kept(kept: list[tuple[int, int]], locals_: list[Rollouts], records: list[OutcomeRecord],
+              coll: Any) -> tuple[Rollouts, OutcomeRecord]:
+        """This rank's slice of the kept groups, and the step's record (the kept rows trained, in kept order)."""
         trained = {label: i for i, label in enumerate(kept)}
         flags = [torch.tensor([(k, j) in trained for j in range(r.num_groups)], dtype=torch.bool)
                  for k, r in enumerate(records)]
@@ -92,8 +111,7 @@ class DynamicSamplingCallback(RolloutHook, StepCallback):
 
 def replace_trained(record: OutcomeRecord, trained: torch.Tensor) -> OutcomeRecord:
     """``record`` with its ``trained`` flags ``[n]`` replaced."""
-    return OutcomeRecord(prompt_ids=record.prompt_ids, rewards=record.rewards, correct=record.correct,
-                         is_replay=record.is_replay, trained=trained, reward_per_func=record.reward_per_func)
+    return dataclasses.replace(record, trained=trained)
 
 
 def _redistribute(kept: list[tuple[int, int]], locals_: list[Rollouts], records: list[OutcomeRecord],

@@ -151,11 +151,66 @@ class Rollouts:
         )
 
 
+    def extend_groups(self, more: Rollouts) -> Rollouts:
+        """Each group with ``more``'s completions of the same prompt appended: ``G + G'`` completions per group.
+
+        For completions of one prompt generated in two calls (screening, then the rest). ``more`` holds the same
+        prompts in the same order (``G'`` completions each); its rows follow this one's in every group. Group fields
+        (birth step, replay flag, prompt text) are this one's; the generation time is the sum.
+        """
+        if not torch.equal(self.prompt_ids, more.prompt_ids):
+            raise ValueError(f"extend_groups needs the same prompts in the same order, got {self.prompt_ids.tolist()} "
+                             f"and {more.prompt_ids.tolist()}")
+        B, g, h = self.num_groups, self.group_size, more.group_size
+        p_len = max(self.prompt_tokens.shape[1], more.prompt_tokens.shape[1])
+        c_len = max(self.completion_tokens.shape[1], more.completion_tokens.shape[1])
+
+        def rows(a: Tensor | None, b: Tensor | None, width: int | None = None, value: float = 0,
+                 left: bool = False) -> Tensor | None:
+            """Per-row ``[B*g, ...]`` and ``[B*h, ...]`` -> ``[B*(g+h), ...]``, group by group."""
+            if a is None and b is None:
+                return None
+            if width is not None:
+                a = pad_to(a, width, value, left) if a is not None else torch.zeros(B * g, width)
+                b = pad_to(b, width, value, left) if b is not None else torch.zeros(B * h, width)
+            return torch.cat([a.reshape(B, g, *a.shape[1:]), b.reshape(B, h, *b.shape[1:])], 1).reshape(
+                B * (g + h), *a.shape[1:])
+
+        pad = self.pad_id
+        names = list(dict.fromkeys([*self.reward_per_func, *more.reward_per_func]))
+        nan = float("nan")
+        return Rollouts(
+            prompt_ids=self.prompt_ids,
+            prompt_tokens=rows(self.prompt_tokens, more.prompt_tokens, p_len, pad, left=True),
+            prompt_mask=rows(self.prompt_mask, more.prompt_mask, p_len, 0, left=True),
+            completion_tokens=rows(self.completion_tokens, more.completion_tokens, c_len, pad),
+            completion_mask=rows(self.completion_mask, more.completion_mask, c_len, 0),
+            rewards=torch.cat([self.rewards, more.rewards], 1),
+            correct=torch.cat([self.correct, more.correct], 1),
+            birth_step=self.birth_step,
+            is_replay=self.is_replay,
+            truncated=rows(self.truncated, more.truncated),
+            behaviour_logprobs=rows(self.behaviour_logprobs, more.behaviour_logprobs, c_len),
+            engine_logprobs=rows(self.engine_logprobs, more.engine_logprobs, c_len),
+            reward_per_func={k: torch.cat([self.reward_per_func.get(k, torch.full((B, g), nan)),
+                                           more.reward_per_func.get(k, torch.full((B, h), nan))], 1) for k in names},
+            completions=[c for b in range(B) for c in (self.completions[b * g:(b + 1) * g] +
+                                                       more.completions[b * h:(b + 1) * h])]
+            if self.completions and more.completions else [],
+            prompts=self.prompts,
+            pad_id=pad,
+            generation_s=self.generation_s + more.generation_s,
+        )
+
+
 def _cat_per_func(dicts: list[dict[str, Tensor]], rewards: list[Tensor]) -> dict[str, Tensor]:
-    """Concatenate per-function ``[b, G]`` scores along groups; a part without a function gets NaN rows."""
+    """Concatenate per-function ``[b, G]`` scores along groups; a part without a function gets NaN rows; parts of
+    different widths are padded with NaN to the widest."""
     names = list(dict.fromkeys(k for d in dicts for k in d))
+    width = max(r.shape[1] for r in rewards)
     return {
-        k: torch.cat([d[k] if k in d else torch.full(r.shape, float("nan")) for d, r in zip(dicts, rewards)])
+        k: torch.cat([pad_to(d[k], width, float("nan")) if k in d else torch.full((r.shape[0], width), float("nan"))
+                      for d, r in zip(dicts, rewards)])
         for k in names
     }
 
@@ -168,14 +223,19 @@ class OutcomeRecord:
     a rollout hook rolled out and did not train on (dynamic sampling's discarded candidates, ``trained = False``).
     Rows are in global order: for each generation call, rank 0's groups, then rank 1's, ... It holds no tokens, so
     gathering it costs little; every rank holds the same record, which is what keeps their selection states equal.
+
+    Groups of different sizes (screening's first round beside full groups) are padded to the widest, ``G``, with
+    ``members`` marking the real completions; :attr:`success_rates` counts members only. ``members`` is None when
+    every group is full (then the record is what it was before groups of different sizes existed).
     """
 
     prompt_ids: Tensor  # [n] long
-    rewards: Tensor  # [n, G] float32
-    correct: Tensor  # [n, G] bool
+    rewards: Tensor  # [n, G] float32 (padding: 0)
+    correct: Tensor  # [n, G] bool (padding: False)
     is_replay: Tensor  # [n] bool
     trained: Tensor  # [n] bool, part of the batch trained on
     reward_per_func: dict[str, Tensor] = field(default_factory=dict)  # name -> [n, G], NaN rows when not scored
+    members: Tensor | None = None  # [n, G] bool, the real completions, a prefix of each row (None: all)
 
     @property
     def num_groups(self) -> int:
@@ -183,8 +243,24 @@ class OutcomeRecord:
 
     @property
     def success_rates(self) -> Tensor:
-        """``[n]`` fraction of each group's completions that are correct."""
-        return success_rates(self.correct)
+        """``[n]`` fraction of each group's completions that are correct (of its members)."""
+        return success_rates(self.correct, self.members)
+
+    def extend_groups(self, more: OutcomeRecord) -> OutcomeRecord:
+        """Each group with ``more``'s outcomes of the same prompt appended (see :meth:`Rollouts.extend_groups`);
+        both must be full groups."""
+        if not torch.equal(self.prompt_ids, more.prompt_ids):
+            raise ValueError("extend_groups needs the same prompts in the same order")
+        if self.members is not None or more.members is not None:
+            raise ValueError("extend_groups joins full groups only")
+        n, g, h = self.num_groups, self.rewards.shape[1], more.rewards.shape[1]
+        nan = float("nan")
+        names = list(dict.fromkeys([*self.reward_per_func, *more.reward_per_func]))
+        return replace(self, rewards=torch.cat([self.rewards, more.rewards], 1),
+                       correct=torch.cat([self.correct, more.correct], 1),
+                       reward_per_func={k: torch.cat([self.reward_per_func.get(k, torch.full((n, g), nan)),
+                                                      more.reward_per_func.get(k, torch.full((n, h), nan))], 1)
+                                        for k in names})
 
     @classmethod
     def from_rollouts(cls, rollouts: Rollouts, trained: bool = True) -> OutcomeRecord:
@@ -200,17 +276,25 @@ class OutcomeRecord:
 
     @staticmethod
     def concat(parts: list[OutcomeRecord]) -> OutcomeRecord:
+        """Rows of ``parts`` in order; parts of different group sizes are padded to the widest (``members``)."""
         parts = [p for p in parts if p.num_groups > 0] or parts[:1]
         if len(parts) == 1:
             return parts[0]
+        width = max(p.rewards.shape[1] for p in parts)
+        ragged = any(p.members is not None or p.rewards.shape[1] != width for p in parts)
         return OutcomeRecord(
             prompt_ids=torch.cat([p.prompt_ids for p in parts]),
-            rewards=torch.cat([p.rewards for p in parts]),
-            correct=torch.cat([p.correct for p in parts]),
+            rewards=torch.cat([pad_to(p.rewards, width, 0.0) for p in parts]),
+            correct=torch.cat([pad_to(p.correct, width, False) for p in parts]),
             is_replay=torch.cat([p.is_replay for p in parts]),
             trained=torch.cat([p.trained for p in parts]),
             reward_per_func=_cat_per_func([p.reward_per_func for p in parts], [p.rewards for p in parts]),
+            members=torch.cat([pad_to(p.member_mask(), width, False) for p in parts]) if ragged else None,
         )
+
+    def member_mask(self) -> Tensor:
+        """``[n, G]`` bool: :attr:`members`, or all True."""
+        return self.members if self.members is not None else torch.ones(self.rewards.shape, dtype=torch.bool)
 
     def select(self, index: Tensor | np.ndarray | list[int]) -> OutcomeRecord:
         """The rows at ``index`` (``[k]`` positions or an ``[n]`` bool mask), in that order."""
@@ -218,10 +302,16 @@ class OutcomeRecord:
         if idx.dtype == torch.bool:
             idx = torch.nonzero(idx).flatten()
         idx = idx.long()
+        members, width = None, self.rewards.shape[1]
+        if self.members is not None:  # members are prefixes: cut to the widest group selected
+            members = self.members[idx]
+            width = int(members.sum(1).max()) if len(idx) else width
+            members = members[:, :width]
+            members = None if bool(members.all()) else members
         return OutcomeRecord(
-            prompt_ids=self.prompt_ids[idx], rewards=self.rewards[idx], correct=self.correct[idx],
+            prompt_ids=self.prompt_ids[idx], rewards=self.rewards[idx, :width], correct=self.correct[idx, :width],
             is_replay=self.is_replay[idx], trained=self.trained[idx],
-            reward_per_func={k: v[idx] for k, v in self.reward_per_func.items()},
+            reward_per_func={k: v[idx, :width] for k, v in self.reward_per_func.items()}, members=members,
         )
 
     def with_trained(self, trained: bool) -> OutcomeRecord:

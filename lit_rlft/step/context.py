@@ -87,9 +87,11 @@ class StepContext(Protocol):
     @property
     def device(self) -> torch.device: ...
 
-    def rollout(self, prompt_ids: np.ndarray, purpose: str = "train") -> tuple[Rollouts, OutcomeRecord]:
-        """Roll out the global prompt ids ``[b]`` (a collective call: every rank, the same ids): this rank's
-        :class:`Rollouts` and every rank's :class:`OutcomeRecord`, charged to the budget under ``purpose``."""
+    def rollout(self, prompt_ids: np.ndarray, purpose: str = "train",
+                num_generations: int | None = None) -> tuple[Rollouts, OutcomeRecord]:
+        """Roll out the global prompt ids ``[b]`` (a collective call: every rank, the same ids), ``num_generations``
+        completions each (default ``G``): this rank's :class:`Rollouts` and every rank's :class:`OutcomeRecord`,
+        charged to the budget under ``purpose``."""
         ...
 
     def success_rates(self, prompt_ids: np.ndarray, purpose: str = "reference") -> np.ndarray:
@@ -139,7 +141,12 @@ class RolloutHook(Protocol):
 
     ``rollouts`` are this rank's, ``record`` every rank's outcomes. A hook returns both, consistent
     (``record.trained_batch()`` is the global batch whose slice on this rank is ``rollouts``), with the same number of
-    groups on every rank; more generation goes through ``ctx.rollout(ids)``, which every rank calls with the same ids.
+    groups on every rank, ``G`` completions each; more generation goes through ``ctx.rollout(ids)``, which every rank
+    calls with the same ids.
+
+    A hook that allocates completions per prompt declares ``initial_generations`` (an int attribute): the step then
+    rolls out its planned batch with that many completions per prompt instead of ``G``, and the hook completes the
+    groups it keeps (``ScreeningCallback``). At most one bound hook may declare it.
     """
 
     def on_rollouts(self, ctx: StepContext, rollouts: Rollouts,

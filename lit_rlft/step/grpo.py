@@ -178,6 +178,20 @@ class GRPOStep:
         """The bound callbacks that reshape a step's batch, in callback order."""
         return [cb for cb in self.callbacks if isinstance(cb, RolloutHook)]
 
+    def planned_generations(self, hooks: Sequence[RolloutHook] | None = None) -> int:
+        """Completions per prompt of the planned batch: ``G``, or the ``initial_generations`` a hook declares (see
+        :class:`~lit_rlft.step.context.RolloutHook`)."""
+        hooks = list(self.hooks if hooks is None else hooks)
+        declared = [(i, type(h).__name__, h.initial_generations) for i, h in enumerate(hooks)
+                    if getattr(h, "initial_generations", None) is not None]
+        if len(declared) > 1:
+            raise ValueError(f"{' and '.join(name for _, name, _ in declared)} both set how many completions the "
+                             "planned batch gets (initial_generations): bind at most one of them")
+        if declared and declared[0][0] != 0:
+            raise ValueError(f"{declared[0][1]} must be the first rollout hook (it completes the planned batch's "
+                             f"groups; {type(hooks[0]).__name__} comes before it): list it before the others")
+        return declared[0][2] if declared else self.num_generations
+
     @property
     def engine(self) -> RolloutEngine:
         """The rollout engine (the worker's; at ``async_depth > 0`` its settings: the generation process sets up its
@@ -362,7 +376,7 @@ class GRPOStep:
         self.seeds.reseed(self.rollout_step, salt=0, rank=self.collective.rank)
         if self.pipeline is None:
             prompt_ids = self.plan_batch()  # 1
-            rollouts, record = self.rollout(prompt_ids)  # 2-3
+            rollouts, record = self.rollout(prompt_ids, num_generations=self.planned_generations(hooks))  # 2-3
         else:  # dispatch the planned batch, receive the one generated while earlier steps trained
             rollouts, record = self.pipeline.next_batch(self)
         for hook in hooks:  # 4

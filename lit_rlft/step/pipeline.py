@@ -154,8 +154,8 @@ class AsyncRollouts:
         coll = step.collective
         local = ids[shard_slice(len(ids), coll.rank, coll.world_size, what="train batch")]
         seed = step.seeds.dispatch_seed(index, coll.rank)
-        ticket = self.process.submit(self._request(step, local, step.num_generations, step.generation.sampling,
-                                                   "train", seed))
+        ticket = self.process.submit(self._request(step, local, step.planned_generations(),
+                                                   step.generation.sampling, "train", seed))
         self.in_flight.append((index, ids, ticket))
         step.data.plan.in_flight.update(ids.tolist())
         self._next_index = index + 1

@@ -73,10 +73,12 @@ class FakeContext:
         self.async_depth, self.in_flight = 0, np.zeros(0, dtype=np.int64)  # synchronous
         self.stopped: str | None = None
 
-    def rollout(self, prompt_ids: np.ndarray, purpose: str = "train") -> tuple[Rollouts, OutcomeRecord]:
+    def rollout(self, prompt_ids: np.ndarray, purpose: str = "train",
+                num_generations: int | None = None) -> tuple[Rollouts, OutcomeRecord]:
         ids = np.asarray(prompt_ids, dtype=np.int64)
-        b, n = len(ids), len(ids) * G
-        rewards = (torch.rand(b, G, generator=self.gen) < 0.5).float()
+        g = num_generations or G
+        b, n = len(ids), len(ids) * g
+        rewards = (torch.rand(b, g, generator=self.gen) < 0.5).float()
         comp = torch.randint(3, 20, (n, L_MAX), generator=self.gen)
         roll = Rollouts(
             prompt_ids=torch.as_tensor(ids), prompt_tokens=torch.randint(3, 20, (n, 5), generator=self.gen),

@@ -17,6 +17,7 @@ from lit_rlft.callbacks import (
     HistoryResamplingCallback,
     MoPPSCallback,
     ReplayCallback,
+    ScreeningCallback,
 )
 from tests.conftest import countdown_dm, tiny_module, tiny_trainer
 
@@ -90,9 +91,12 @@ def _dots(tmp_path):
      lambda tmp: [DynamicSamplingCallback(max_rounds=3)], lambda tmp: [ReplayCallback(delta=0.5, capacity=8)],
      lambda tmp: [DPSCallback(), DynamicSamplingCallback(max_rounds=3)],
      lambda tmp: [_dots(tmp), ReplayCallback(delta=0.5, capacity=8)],
-     lambda tmp: [_dots(tmp), DynamicSamplingCallback(max_rounds=3)]],
+     lambda tmp: [_dots(tmp), DynamicSamplingCallback(max_rounds=3)],
+     lambda tmp: [ScreeningCallback(initial_generations=2, max_rounds=3)],
+     lambda tmp: [ScreeningCallback(initial_generations=2, max_rounds=3), DPSCallback(),
+                  ReplayCallback(delta=0.5, capacity=8)]],
     ids=["dps", "history", "dots", "dps+replay", "dps-candidates", "mopps", "greso", "dynamic-sampling", "replay",
-         "dps+dynamic-sampling", "dots+replay", "dots+dynamic-sampling"],
+         "dps+dynamic-sampling", "dots+replay", "dots+dynamic-sampling", "screening", "screening+dps+replay"],
 )
 def test_resume_selects_exactly_what_the_uninterrupted_run_selects(tmp_path, make):
     full, full_module = _fit(tmp_path / "full", make(tmp_path), steps=6)

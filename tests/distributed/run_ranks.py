@@ -24,6 +24,7 @@ if str(REPO) not in sys.path:
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import lightning as L  # noqa: E402
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from tests.distributed.helpers import digest  # noqa: E402
@@ -67,6 +68,7 @@ class Probe(StepCallback):
             "replayed": sorted(r.prompt_ids[r.is_replay].tolist()),
             "global": sorted(record.trained_batch().prompt_ids.tolist()),
             "observed": sorted(record.fresh().prompt_ids.tolist()),
+            "in_flight": sorted(np.asarray(ctx.in_flight).tolist()),  # dispatched during the step, not yet trained
             "scheduled": None if scheduled is None else scheduled.tolist(),
             "plan": digest(ctx.data.state_dict()),
             "callbacks": {type(cb).__name__: digest(cb.state_dict()) for cb in ctx.callbacks
@@ -122,11 +124,18 @@ class PlanDrift(StepCallback):
             plan.schedule(list(range(plan.batch_size, 2 * plan.batch_size)), source="drift")
 
 
-SELECTION = {"DPSCallback", "DOTSCallback", "ReplayCallback", "DynamicSamplingCallback", "HistoryResamplingCallback"}
+SELECTION = {"DPSCallback", "DOTSCallback", "ReplayCallback", "DynamicSamplingCallback", "HistoryResamplingCallback",
+             "ScreeningCallback"}
 
 
 def make_callbacks(names: list[str], out: Path) -> list[L.Callback]:
-    from lit_rlft.callbacks import DOTSCallback, DPSCallback, DynamicSamplingCallback, ReplayCallback
+    from lit_rlft.callbacks import (
+        DOTSCallback,
+        DPSCallback,
+        DynamicSamplingCallback,
+        ReplayCallback,
+        ScreeningCallback,
+    )
 
     made = {
         "dps": lambda: DPSCallback(decay=0.5),
@@ -134,6 +143,7 @@ def make_callbacks(names: list[str], out: Path) -> list[L.Callback]:
         "dots": lambda: DOTSCallback(reference_size=6, update_every=2, online_steps_per_update=2,
                                      cache_dir=str(out / "emb")),
         "ds": lambda: DynamicSamplingCallback(max_rounds=3),
+        "screen": lambda: ScreeningCallback(initial_generations=2, max_rounds=3),
         "drift": PlanDrift,
     }
     return [made[n]() for n in names if n]

@@ -77,6 +77,9 @@ RUNS = {
                           "--val", "7"],
     "fsdp2_lora_async": ["--strategy", "fsdp2", "--lora", "--callbacks", "dps,replay", "--steps", "4",
                          "--async-depth", "1"],
+    # screening: kept screening groups move to the rank that completes them; replay after it; then one step off
+    "trainer_screen_dps_replay": ["--callbacks", "screen,dps,replay", "--steps", "4"],
+    "trainer_async_screen_dps": ["--callbacks", "screen,dps", "--steps", "4", "--async-depth", "1"],
 }
 
 
@@ -123,12 +126,13 @@ def test_two_ranks_hold_identical_state_and_train_disjoint_halves(runs, name):
 
 
 @pytest.mark.parametrize("name", ["trainer_dps_replay_ds", "trainer_async_dps_replay_ds", "fabric_async_dots",
-                                  "fsdp2_lora_async"])
+                                  "fsdp2_lora_async", "trainer_screen_dps_replay", "trainer_async_screen_dps"])
 def test_two_ranks_agree_and_the_rows_they_train_are_the_record_and_never_in_flight(runs, name):
     """The plan, every callback's state and the parameters stay equal on both ranks; what the ranks train together
     is exactly the record's trained batch (dynamic sampling after replay: the kept groups fetched from the rank that
     holds each, whatever block of the first round it came from); at async depth 1 (a generation process per rank)
-    the batches in flight together share no prompt."""
+    no prompt rolled out in a step (its batch, dynamic sampling's or screening's extra rounds) was in flight during
+    it."""
     r0, r1 = runs(name)[0]
     assert r0["params"] == r1["params"], "parameters differ between ranks"
     assert len(r0["steps"]) == len(r1["steps"]) == 4
@@ -137,10 +141,10 @@ def test_two_ranks_agree_and_the_rows_they_train_are_the_record_and_never_in_fli
         assert a["plan"] == b["plan"] and a["scheduled"] == b["scheduled"] and a["budget"] == b["budget"]
         assert not set(a["fresh"] + a["replayed"]) & set(b["fresh"] + b["replayed"])
         assert sorted(a["fresh"] + a["replayed"] + b["fresh"] + b["replayed"]) == a["global"]
-    for t in range(3 if "async" in name else 0):
-        now = set(r0["steps"][t]["observed"])
-        after = set(r0["steps"][t + 1]["observed"])
-        assert not now & after, f"steps {t} and {t + 1} were in flight together and share {now & after}"
+    for t in range(4 if "async" in name else 0):  # nothing rolled out in a step was in flight during it
+        rolled, flying = set(r0["steps"][t]["observed"]), set(r0["steps"][t]["in_flight"])
+        assert flying or t == 3, f"step {t}: nothing in flight at depth 1"
+        assert not rolled & flying, f"step {t} rolled out {rolled & flying}, which were in flight"
 
 
 @pytest.mark.parametrize("name", ["trainer_dots", "fabric_dots", "fabric_async_dots"])

@@ -26,6 +26,7 @@ from lit_rlft.callbacks import (
     HistoryResamplingCallback,
     MoPPSCallback,
     ReplayCallback,
+    ScreeningCallback,
 )
 from lit_rlft.core.advantages import group_advantages
 from lit_rlft.step import TorchBackend
@@ -115,6 +116,7 @@ STRATEGIES = {
                                       cache_dir=str(tmp / "emb"))],
     "dynamic-sampling": lambda tmp: [DPSCallback(), DynamicSamplingCallback(max_rounds=3)],
     "replay": lambda tmp: [DPSCallback(), ReplayCallback(delta=0.5, capacity=8)],
+    "screening": lambda tmp: [DPSCallback(), ScreeningCallback(initial_generations=2, max_rounds=3)],
 }
 
 
