@@ -12,7 +12,7 @@ from typing import Any
 #: Every strategy the study knows, in table order.
 STRATEGIES: tuple[str, ...] = (
     "uniform", "dynamic_sampling", "history", "dots", "dots_replay", "dps", "dps_c8", "dps_replay", "dps_cold_start",
-    "mopps", "greso",
+    "mopps", "greso", "screening",
 )
 
 #: ``StudyConfig`` fields read only by ``benchmarks.study.strategies`` (they reach a run through its callbacks'
@@ -20,7 +20,7 @@ STRATEGIES: tuple[str, ...] = (
 STRATEGY_FIELDS: frozenset[str] = frozenset({
     "dps_decay", "dps_candidate_ratio", "mopps_candidate_ratio", "mopps_decay", "greso_target", "dots_alpha",
     "dots_tau", "reference_size", "update_every", "dots_online_steps", "replay_delta", "replay_capacity",
-    "dynamic_max_rounds",
+    "dynamic_max_rounds", "screening_generations", "screening_max_rounds",
 })
 
 #: The skewed pool's settings (:meth:`StudyConfig.skewed`, ``--skewed``).
@@ -119,6 +119,8 @@ class StudyConfig:
     replay_delta: float = 0.5
     replay_capacity: int = 256
     dynamic_max_rounds: int = 10
+    screening_generations: int = 2  # ScreeningCallback's initial_generations (of num_generations)
+    screening_max_rounds: int = 4
     # -- execution and statistics ----------------------------------------------------------------------------
     jobs: int = 2
     threads: int = 1

@@ -27,12 +27,14 @@ from lit_rlft.callbacks import (
     HistoryResamplingCallback,
     MoPPSCallback,
     ReplayCallback,
+    ScreeningCallback,
 )
 
 #: The ``SelectionCallback.name`` each strategy logs its ``<name>/overhead_s`` under (None: no selection callback).
 SELECTION_NAME: dict[str, str | None] = {
     "uniform": None, "dynamic_sampling": None, "history": "history", "dots": "dots", "dots_replay": "dots",
     "dps": "dps", "dps_c8": "dps", "dps_replay": "dps", "dps_cold_start": "dps", "mopps": "mopps", "greso": "greso",
+    "screening": None,
 }
 
 #: Arguments that say where a run keeps files, not what it does: left out of the recorded settings.
@@ -100,6 +102,8 @@ def strategy_specs(name: str, cfg: StudyConfig, seed: int, cache_dir: str = ".ca
     - ``greso``: GRESO's pre-rollout skipping, target zero-variance share ``greso_target``.
     - ``dps_cold_start``: DPS whose unseen prompts start from DOTS' predicted success rate (same reference-set
       settings as DOTS, charged to the budget).
+    - ``screening``: SPEED-RL's screening, ``screening_generations`` completions per candidate, the rest only for
+      prompts with both outcomes among them, up to ``screening_max_rounds`` rounds of candidates (all charged).
     """
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
@@ -138,6 +142,9 @@ def strategy_specs(name: str, cfg: StudyConfig, seed: int, cache_dir: str = ".ca
                                                  target=MOPPS_TARGET, prior=MOPPS_PRIOR, seed=seed))]
     if name == "greso":
         return [CallbackSpec(GRESOCallback, dict(target_zero_variance=cfg.greso_target, seed=seed))]
+    if name == "screening":
+        return [CallbackSpec(ScreeningCallback, dict(initial_generations=cfg.screening_generations,
+                                                     max_rounds=cfg.screening_max_rounds))]
     cold = DifficultyPredictorConfig(reference_size=cfg.reference_size, update_every=cfg.update_every,
                                      online_steps_per_update=cfg.dots_online_steps, cache_dir=cache_dir)
     return [dps(cold)]
