@@ -25,6 +25,9 @@ class ScreeningCallback(DynamicSamplingCallback):
        ``max_rounds`` rounds ran (dynamic sampling's rounds, at ``g0``; charged as ``budget/completions_screening``);
     3. the kept prompts get ``G - g0`` more completions (charged as ``train``), joined to their screening ones.
 
+    Every completion is charged once (``budget/completions``); ``budget/prompts`` counts generation requests, so a kept
+    prompt counts twice (its screening and its completion).
+
     Screened-out groups stay in the step's record (``trained = False``, ``g0`` wide: ``OutcomeRecord.members``), so a
     selection callback stacked with this one observes what each screening cost, as with dynamic sampling. When no
     candidate is mixed, the first group of the planned batch on each rank is completed (its zero advantages give no
