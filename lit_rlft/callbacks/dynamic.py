@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-import warnings
-from typing import Any
-
-import torch
-
-from lit_rlft.callbacks.base import RolloutHook, StepCallback
-from lit_rlft.core.state import decode_state, encode_state
+from lit_rlft.callbacks.rounds import SpreadRounds
 from lit_rlft.core.types import OutcomeRecord, Rollouts
-from lit_rlft.selection.dynamic import DynamicFilter
 from lit_rlft.step.context import StepContext
 
 
-class DynamicSamplingCallback(RolloutHook, StepCallback):
+class DynamicSamplingCallback(SpreadRounds):
     """Keep only groups with non-zero reward spread, rolling out more rounds of fresh prompts until ``B`` are kept.
 
     Every candidate is generated (and charged to the budget: ``budget/completions_dynamic_sampling`` counts the
@@ -37,12 +29,7 @@ class DynamicSamplingCallback(RolloutHook, StepCallback):
         max_rounds: rounds per step at most, the first included (DAPO: 10; the DPS paper used 4 on MATH).
     """
 
-    def __init__(self, max_rounds: int = 10):
-        self.filter = DynamicFilter(max_rounds=max_rounds)
-        self.max_rounds = max_rounds
-
     prefix = "dynamic_sampling"
-    """Where the callback logs (``<prefix>/rounds`` ...) and what its extra rounds are charged as."""
 
     def on_rollouts(self, ctx: StepContext, rollouts: Rollouts,
                     record: OutcomeRecord) -> tuple[Rollouts, OutcomeRecord]:
@@ -50,101 +37,3 @@ class DynamicSamplingCallback(RolloutHook, StepCallback):
         if not kept:  # nothing to train on: the first round (zero advantages, no gradient)
             return rollouts, OutcomeRecord.concat([records[0], *(r.with_trained(False) for r in records[1:])])
         return self._kept(kept, locals_, records, ctx.collective)
-
-    def _rounds(self, ctx: StepContext, rollouts: Rollouts, record: OutcomeRecord,
-                num_generations: int | None = None) -> tuple[list[tuple[int, int]], list[Rollouts],
-                                                             list[OutcomeRecord]]:
-        """Rounds of ``B`` fresh candidates (``num_generations`` completions each, default ``G``) until ``B`` groups
-        with a reward spread are kept or ``max_rounds`` ran: the kept ``(round, row)`` labels (a multiple of the
-        ranks), every round's local rollouts and global records; logged under :attr:`prefix`."""
-        coll = ctx.collective
-        batch_size = record.num_groups  # global
-        round_ = self.filter.start(batch_size)
-        locals_, records = [rollouts], [record]
-        round_.add(record.rewards.numpy(), groups=[(0, j) for j in range(record.num_groups)])
-        used = set(record.prompt_ids.tolist())
-        plan = ctx.data.plan
-        while not round_.done:
-            ids = plan.draw_unused(batch_size, used)
-            ids = ids[: len(ids) // coll.world_size * coll.world_size]
-            if ids.size == 0:
-                break
-            used.update(ids.tolist())
-            local, more = ctx.rollout(ids, purpose=self.prefix, num_generations=num_generations)
-            round_.add(more.rewards.numpy(), groups=[(len(records), j) for j in range(more.num_groups)])
-            locals_.append(local)
-            records.append(more)
-        result = round_.finish()
-        kept = result.kept[: len(result.kept) // coll.world_size * coll.world_size]
-        ctx.log({
-            f"{self.prefix}/rounds": float(result.rounds),
-            f"{self.prefix}/kept_groups": float(result.num_kept),
-            f"{self.prefix}/discarded_groups": float(result.num_discarded),
-            f"{self.prefix}/rolled_out_groups": float(result.num_rolled_out),
-            f"{self.prefix}/filled": float(result.filled),
-        })
-        if not result.filled and coll.rank == 0:
-            warnings.warn(
-                f"{type(self).__name__}: {result.num_kept} of {batch_size} effective groups after "
-                f"{result.rounds} rounds (max_rounds={self.max_rounds}); training on what was kept",
-                UserWarning, stacklevel=3,
-            )
-        return kept, locals_, records
-
-    @staticmethod
-    def _kept(kept: list[tuple[int, int]], locals_: list[Rollouts], records: list[OutcomeRecord],
-              coll: Any) -> tuple[Rollouts, OutcomeRecord]:
-        """This rank's slice of the kept groups, and the step's record (the kept rows trained, in kept order)."""
-        trained = {label: i for i, label in enumerate(kept)}
-        flags = [torch.tensor([(k, j) in trained for j in range(r.num_groups)], dtype=torch.bool)
-                 for k, r in enumerate(records)]
-        full = OutcomeRecord.concat([replace_trained(r, f) for r, f in zip(records, flags)])
-        return _redistribute(kept, locals_, records, coll), full
-
-    def state_dict(self) -> dict:
-        return {"filter": encode_state(self.filter.state_dict())}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        if "filter" in state_dict:
-            self.filter.load_state_dict(decode_state(state_dict["filter"]))
-
-
-def replace_trained(record: OutcomeRecord, trained: torch.Tensor) -> OutcomeRecord:
-    """``record`` with its ``trained`` flags ``[n]`` replaced."""
-    return dataclasses.replace(record, trained=trained)
-
-
-def _redistribute(kept: list[tuple[int, int]], locals_: list[Rollouts], records: list[OutcomeRecord],
-                  coll: Any) -> Rollouts:
-    """This rank's slice of the kept groups, in kept order, fetching from other ranks the groups they hold.
-
-    ``kept`` lists ``(round, global row)`` labels. Which rank holds a row is looked up by its prompt id (unique within
-    a step) in every rank's local groups of that round: a round's record need not be one block in rank order (the
-    first round holds, after a replay hook, the fresh, replayed and filled groups, each block split over the ranks).
-    """
-    world, rank = coll.world_size, coll.rank
-    per_rank = len(kept) // world
-    mine = kept[rank * per_rank : (rank + 1) * per_rank]
-    if world == 1:
-        return Rollouts.concat([locals_[k].select_groups([j]) for k, j in mine])
-    where: dict[tuple[int, int], tuple[int, int]] = {}  # (round, prompt id) -> (rank, local index)
-    for r, ids in enumerate(coll.all_gather([part.prompt_ids.tolist() for part in locals_])):
-        where.update({(k, pid): (r, i) for k, round_ids in enumerate(ids) for i, pid in enumerate(round_ids)})
-
-    def owner(label: tuple[int, int]) -> tuple[int, int]:  # (rank, local index)
-        k, j = label
-        return where[(k, int(records[k].prompt_ids[j]))]
-
-    if not _any_remote(kept, owner, world):  # every rank holds its own slice: no exchange
-        return Rollouts.concat([locals_[k].select_groups([owner((k, j))[1]]) for k, j in mine])
-    held = {label: locals_[label[0]].select_groups([owner(label)[1]]) for label in kept if owner(label)[0] == rank}
-    everything: dict[tuple[int, int], Rollouts] = {}
-    for part in coll.all_gather(held):
-        everything.update(part)
-    return Rollouts.concat([everything[label] for label in mine])
-
-
-def _any_remote(kept: list[tuple[int, int]], owner: Any, world: int) -> bool:
-    """Whether any rank trains on a group that another rank rolled out (the same answer on every rank)."""
-    per_rank = len(kept) // world
-    return any(owner(label)[0] != r for r in range(world) for label in kept[r * per_rank : (r + 1) * per_rank])

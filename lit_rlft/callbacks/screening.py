@@ -7,12 +7,12 @@ import warnings
 
 import numpy as np
 
-from lit_rlft.callbacks.dynamic import DynamicSamplingCallback
+from lit_rlft.callbacks.rounds import SpreadRounds
 from lit_rlft.core.types import OutcomeRecord, Rollouts
 from lit_rlft.step.context import StepContext
 
 
-class ScreeningCallback(DynamicSamplingCallback):
+class ScreeningCallback(SpreadRounds):
     """Screen each candidate prompt with ``initial_generations`` completions; complete to ``G`` only the prompts whose
     screening outcomes are mixed, keeping the screening completions in their group.
 
