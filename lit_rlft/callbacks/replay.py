@@ -105,6 +105,8 @@ class ReplayCallback(RolloutHook, StepCallback):
         return Rollouts.concat(parts), OutcomeRecord.concat(records)
 
     def _to_rollouts(self, groups: list[StoredGroup], ctx: StepContext, pad_id: int) -> Rollouts:
+        if len({g.num_generations for g in groups}) > 1:  # groups of different sizes: padded to the widest
+            return Rollouts.concat([self._to_rollouts([g], ctx, pad_id) for g in groups])
         G = groups[0].num_generations
         p_len = max(g.prompt_tokens.numel() for g in groups)
         c_len = max(int(c.numel()) for g in groups for c in g.completion_tokens)
@@ -151,15 +153,16 @@ class ReplayCallback(RolloutHook, StepCallback):
             rate = float(rollouts.success_rates[b])
             if not 0 < rate < 1:
                 continue
-            rows = range(b * G, (b + 1) * G)
+            size = int(rollouts.group_sizes[b])  # its real completions (a prefix of the group's rows)
+            rows = range(b * G, b * G + size)
             lengths = [int(rollouts.completion_mask[r].sum()) for r in rows]
             out.append(StoredGroup(
                 prompt_id=int(rollouts.prompt_ids[b]),
                 prompt_tokens=rollouts.prompt_tokens[b * G][rollouts.prompt_mask[b * G].bool()].clone(),
                 completion_tokens=[rollouts.completion_tokens[r, :n].clone() for r, n in zip(rows, lengths)],
                 behaviour_logprobs=[mu[r, :n].clone() for r, n in zip(rows, lengths)],
-                rewards=rollouts.rewards[b].clone(),
-                correct=rollouts.correct[b].clone(),
+                rewards=rollouts.rewards[b, :size].clone(),
+                correct=rollouts.correct[b, :size].clone(),
                 step=int(rollouts.birth_step[b]),
             ))
         return out
@@ -175,6 +178,8 @@ class ReplayCallback(RolloutHook, StepCallback):
 
 def _record_of(groups: list[StoredGroup]) -> OutcomeRecord:
     """The outcome record of replayed groups (trained on, marked replayed)."""
+    if len({g.num_generations for g in groups}) > 1:  # groups of different sizes: padded to the widest
+        return OutcomeRecord.concat([_record_of([g]) for g in groups])
     return OutcomeRecord(
         prompt_ids=torch.tensor([g.prompt_id for g in groups], dtype=torch.long),
         rewards=torch.stack([g.rewards for g in groups]).float(),

@@ -42,7 +42,8 @@ class SpreadRounds(RolloutHook, StepCallback):
         batch_size = record.num_groups  # global
         round_ = self.filter.start(batch_size)
         locals_, records = [rollouts], [record]
-        round_.add(record.rewards.numpy(), groups=[(0, j) for j in range(record.num_groups)])
+        round_.add(record.rewards.numpy(), groups=[(0, j) for j in range(record.num_groups)],
+                   members=None if record.members is None else record.members.numpy())
         used = set(record.prompt_ids.tolist())
         plan = ctx.data.plan
         while not round_.done:
@@ -52,7 +53,8 @@ class SpreadRounds(RolloutHook, StepCallback):
                 break
             used.update(ids.tolist())
             local, more = ctx.rollout(ids, purpose=self.prefix, num_generations=num_generations)
-            round_.add(more.rewards.numpy(), groups=[(len(records), j) for j in range(more.num_groups)])
+            round_.add(more.rewards.numpy(), groups=[(len(records), j) for j in range(more.num_groups)],
+                       members=None if more.members is None else more.members.numpy())
             locals_.append(local)
             records.append(more)
         result = round_.finish()

@@ -32,7 +32,7 @@ def _std(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
     return x.std() if dim is None else x.std(dim=dim, keepdim=keepdim)
 
 
-def _masked_std(x: Tensor, members: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
+def masked_std(x: Tensor, members: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
     """Unbiased std of the entries of ``x`` where ``members`` is True (over ``dim``, or all of them); zero where
     fewer than two are reduced."""
     m = members.to(x.dtype)
@@ -104,7 +104,7 @@ def _ragged_advantages(rewards: Tensor, members: Tensor, scale_rewards: ScaleRew
     mean = (rewards * m).sum(dim=1, keepdim=True) / m.sum(dim=1, keepdim=True)  # [B, 1]
     advantages = (rewards - mean) * m  # [B, G]
     if scale_rewards == "group":
-        advantages = advantages / (_masked_std(rewards, members, dim=1, keepdim=True) + eps)  # [B, G] / [B, 1]
+        advantages = advantages / (masked_std(rewards, members, dim=1, keepdim=True) + eps)  # [B, G] / [B, 1]
     elif scale_rewards == "batch":
         if batch_rewards is None:
             whole, whole_members = rewards, members
@@ -112,7 +112,7 @@ def _ragged_advantages(rewards: Tensor, members: Tensor, scale_rewards: ScaleRew
             raise ValueError("`batch_rewards` of groups of different sizes need their `batch_members`")
         else:
             whole, whole_members = batch_rewards.float(), _check_members(batch_members, batch_rewards.shape)
-        advantages = advantages / (_masked_std(whole, whole_members) + eps)  # [B, G] / []
+        advantages = advantages / (masked_std(whole, whole_members) + eps)  # [B, G] / []
     return advantages
 
 

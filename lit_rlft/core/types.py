@@ -53,6 +53,12 @@ class Rollouts:
 
     ``reward_per_func`` holds each reward function's unweighted scores (NaN rows for groups that were not scored
     here, such as replayed ones); ``generation_s`` is the wall time the engine spent generating these rows.
+
+    Groups of different sizes (per-prompt allocation: sequential sampling, budgeted allocation) are padded to the
+    widest, ``G = G_max``: ``members`` ``[B, G]`` marks each group's real completions, a prefix of its rows; a padding
+    row has no prompt or completion tokens (masks 0), reward 0, ``correct`` False and empty text, and the update never
+    passes it through the model. ``members`` is None when every group is full (everything is then computed as before
+    groups of different sizes existed). :meth:`member_rows` lists the real rows, :attr:`num_completions` counts them.
     """
 
     prompt_ids: Tensor  # [B] long, stable pool ids
@@ -72,6 +78,7 @@ class Rollouts:
     prompts: list[str] = field(default_factory=list)  # [B] prompt text, for logging
     pad_id: int = 0
     generation_s: float = 0.0  # engine wall time spent on these rows
+    members: Tensor | None = None  # [B, G] bool, the real completions, a prefix of each group (None: all)
 
     @property
     def num_groups(self) -> int:
@@ -79,15 +86,114 @@ class Rollouts:
 
     @property
     def group_size(self) -> int:
+        """``G``: the width of the groups (the widest group's size when ``members`` is set)."""
         return int(self.rewards.shape[1])
 
     @property
+    def num_completions(self) -> int:
+        """Real completions (rows that are members)."""
+        return int(self.completion_tokens.shape[0]) if self.members is None else int(self.members.sum())
+
+    @property
+    def group_sizes(self) -> Tensor:
+        """``[B]`` long: each group's real completions."""
+        return self.member_mask().sum(1)
+
+    @property
     def success_rates(self) -> Tensor:
-        """``[B]`` fraction of each group's completions that are correct."""
-        return success_rates(self.correct)
+        """``[B]`` fraction of each group's completions that are correct (of its members)."""
+        return success_rates(self.correct, self.members)
+
+    def member_mask(self) -> Tensor:
+        """``[B, G]`` bool: :attr:`members`, or all True."""
+        return self.members if self.members is not None else torch.ones(self.rewards.shape, dtype=torch.bool)
+
+    def member_rows(self) -> Tensor:
+        """``[N_real]`` long: the rows that are real completions, in order (all ``N`` rows without ``members``)."""
+        if self.members is None:
+            return torch.arange(self.completion_tokens.shape[0])
+        return torch.nonzero(self.members.reshape(-1)).flatten()
+
+    def regroup(self, rows: Tensor, groups: Tensor) -> Rollouts:
+        """A batch whose group ``b`` holds this batch's rows ``rows[b]`` (``[B', W]`` flat row indices, ``-1`` for
+        padding after the real ones) and the group fields (prompt id, birth step, replay flag, prompt text) of this
+        batch's group ``groups[b]`` (``[B']``). The one primitive behind padding groups to a width and joining
+        completions of one prompt generated in several calls."""
+        rows, groups = torch.as_tensor(rows, dtype=torch.long), torch.as_tensor(groups, dtype=torch.long)
+        members = rows >= 0  # [B', W]
+        if members.shape[0] and not bool(members[:, 0].all()):
+            raise ValueError("regroup: every group needs at least one row, listed first")
+        flat, pad = rows.reshape(-1).clamp(min=0), ~members.reshape(-1)  # [B' * W]
+
+        def per_row(t: Tensor | None, value: float) -> Tensor | None:
+            if t is None:
+                return None
+            out = t[flat].clone()
+            out[pad] = value
+            return out
+
+        def per_slot(t: Tensor, value: float) -> Tensor:
+            return per_row(t.reshape(-1), value).reshape(rows.shape)
+
+        return Rollouts(
+            prompt_ids=self.prompt_ids[groups],
+            prompt_tokens=per_row(self.prompt_tokens, self.pad_id),
+            prompt_mask=per_row(self.prompt_mask, 0),
+            completion_tokens=per_row(self.completion_tokens, self.pad_id),
+            completion_mask=per_row(self.completion_mask, 0),
+            rewards=per_slot(self.rewards, 0.0),
+            correct=per_slot(self.correct, False),
+            birth_step=self.birth_step[groups],
+            is_replay=self.is_replay[groups],
+            truncated=per_row(self.truncated, False),
+            behaviour_logprobs=per_row(self.behaviour_logprobs, 0.0),
+            engine_logprobs=per_row(self.engine_logprobs, 0.0),
+            reward_per_func={k: per_slot(v, float("nan")) for k, v in self.reward_per_func.items()},
+            completions=[self.completions[i] if real else "" for i, real in
+                         zip(flat.tolist(), (~pad).tolist())] if self.completions else [],
+            prompts=[self.prompts[i] for i in groups.tolist()] if self.prompts else [],
+            pad_id=self.pad_id,
+            generation_s=self.generation_s,
+            members=None if bool(members.all()) else members,
+        )
+
+    def widen(self, width: int) -> Rollouts:
+        """Every group padded with padding rows to ``width`` completions (``width >= G``; see :meth:`regroup`)."""
+        if width == self.group_size:
+            return self
+        rows = torch.arange(self.completion_tokens.shape[0]).reshape(self.num_groups, self.group_size)
+        rows = torch.where(self.member_mask(), rows, -1)
+        return self.regroup(pad_to(rows, width, -1), torch.arange(self.num_groups))
+
+    @staticmethod
+    def join(parts: list[Rollouts]) -> Rollouts:
+        """The completions of each prompt of ``parts[0]`` gathered from every part into one group, in part order:
+        for completions of one prompt generated in several calls (sequential sampling's rounds). A later part holds
+        any subset of the first part's prompts (each prompt once per part); groups may end up of different sizes.
+        Group fields are the first part's; the generation time is the sum."""
+        parts = parts[:1] + [p for p in parts[1:] if p.num_groups > 0]
+        first = parts[0]
+        flat = Rollouts.concat(parts)  # every part's groups, padded to the widest
+        width = flat.group_size
+        position = {int(pid): b for b, pid in enumerate(first.prompt_ids.tolist())}
+        rows: list[list[int]] = [[] for _ in range(first.num_groups)]
+        offset = 0
+        for part in parts:
+            members = part.member_mask()
+            for j, pid in enumerate(part.prompt_ids.tolist()):
+                if int(pid) not in position:
+                    raise ValueError(f"join: prompt {pid} of a later part is not in the first part")
+                b = offset + j
+                rows[position[int(pid)]].extend((b * width + torch.nonzero(members[j]).flatten()).tolist())
+            offset += part.num_groups
+        longest = max((len(r) for r in rows), default=0)
+        index = torch.tensor([r + [-1] * (longest - len(r)) for r in rows], dtype=torch.long).reshape(-1, longest)
+        out = flat.regroup(index, torch.arange(first.num_groups))
+        out.generation_s = sum(p.generation_s for p in parts)
+        return out
 
     def select_groups(self, index: Tensor | list[int]) -> Rollouts:
-        """The groups at ``index`` (``[b]``), in that order."""
+        """The groups at ``index`` (``[b]``), in that order (as wide as this batch)."""
         idx = torch.as_tensor(index, dtype=torch.long)
         g = self.group_size
         rows = (idx[:, None] * g + torch.arange(g)[None, :]).reshape(-1)
@@ -104,6 +210,8 @@ class Rollouts:
                 out[f.name] = [v[i] for i in idx.tolist()] if v else []
             elif v is None:
                 out[f.name] = None
+            elif f.name == "members":
+                out[f.name] = None if bool(v[idx].all()) else v[idx]
             elif f.name in _GROUP_FIELDS:
                 out[f.name] = v[idx]
             else:
@@ -112,10 +220,14 @@ class Rollouts:
 
     @staticmethod
     def concat(parts: list[Rollouts]) -> Rollouts:
-        """Concatenate rollout batches along groups, re-padding prompts (left) and completions (right)."""
+        """Concatenate rollout batches along groups, re-padding prompts (left) and completions (right); batches of
+        different group widths are padded to the widest (:meth:`widen`, ``members``)."""
         parts = [p for p in parts if p.num_groups > 0] or parts[:1]
         if len(parts) == 1:
             return parts[0]
+        width = max(p.group_size for p in parts)
+        ragged = any(p.members is not None or p.group_size != width for p in parts)
+        parts = [p.widen(width) for p in parts]
         pad = parts[0].pad_id
         p_len = max(p.prompt_tokens.shape[1] for p in parts)
         c_len = max(p.completion_tokens.shape[1] for p in parts)
@@ -148,6 +260,7 @@ class Rollouts:
             prompts=[c for p in parts for c in p.prompts],
             pad_id=pad,
             generation_s=sum(p.generation_s for p in parts),
+            members=cat([p.member_mask() for p in parts]) if ragged else None,
         )
 
 
@@ -161,6 +274,8 @@ class Rollouts:
         if not torch.equal(self.prompt_ids, more.prompt_ids):
             raise ValueError(f"extend_groups needs the same prompts in the same order, got {self.prompt_ids.tolist()} "
                              f"and {more.prompt_ids.tolist()}")
+        if self.members is not None or more.members is not None:
+            return Rollouts.join([self, more])
         B, g, h = self.num_groups, self.group_size, more.group_size
         p_len = max(self.prompt_tokens.shape[1], more.prompt_tokens.shape[1])
         c_len = max(self.completion_tokens.shape[1], more.completion_tokens.shape[1])
@@ -272,6 +387,7 @@ class OutcomeRecord:
             is_replay=rollouts.is_replay.detach().cpu(),
             trained=torch.full((rollouts.num_groups,), trained, dtype=torch.bool),
             reward_per_func={k: v.detach().cpu() for k, v in rollouts.reward_per_func.items()},
+            members=None if rollouts.members is None else rollouts.members.detach().cpu(),
         )
 
     @staticmethod
@@ -291,6 +407,39 @@ class OutcomeRecord:
             reward_per_func=_cat_per_func([p.reward_per_func for p in parts], [p.rewards for p in parts]),
             members=torch.cat([pad_to(p.member_mask(), width, False) for p in parts]) if ragged else None,
         )
+
+    @staticmethod
+    def join(parts: list[OutcomeRecord]) -> OutcomeRecord:
+        """The outcomes of each prompt of ``parts[0]`` gathered from every part into one row, in part order (see
+        :meth:`Rollouts.join`); the other fields are the first part's."""
+        first = parts[0]
+        position = {int(pid): b for b, pid in enumerate(first.prompt_ids.tolist())}
+        names = list(dict.fromkeys(k for p in parts for k in p.reward_per_func))
+        nan = float("nan")
+        rewards: list[list[Tensor]] = [[] for _ in range(first.num_groups)]
+        correct: list[list[Tensor]] = [[] for _ in range(first.num_groups)]
+        per_func: dict[str, list[list[Tensor]]] = {k: [[] for _ in range(first.num_groups)] for k in names}
+        for part in parts:
+            members = part.member_mask()
+            for j, pid in enumerate(part.prompt_ids.tolist()):
+                if int(pid) not in position:
+                    raise ValueError(f"join: prompt {pid} of a later part is not in the first part")
+                b, m = position[int(pid)], members[j]
+                rewards[b].append(part.rewards[j][m])
+                correct[b].append(part.correct[j][m])
+                for k in names:
+                    v = part.reward_per_func.get(k)
+                    per_func[k][b].append(v[j][m] if v is not None else torch.full((int(m.sum()),), nan))
+        sizes = [sum(len(x) for x in r) for r in rewards]
+        width = max(sizes, default=0)
+
+        def stack(rows: list[list[Tensor]], value: float) -> Tensor:
+            return torch.stack([pad_to(torch.cat(r), width, value) for r in rows]) if rows else first.rewards[:, :0]
+
+        members = torch.arange(width)[None, :] < torch.tensor(sizes)[:, None]  # [n, W]
+        return replace(first, rewards=stack(rewards, 0.0), correct=stack(correct, False),
+                       reward_per_func={k: stack(v, nan) for k, v in per_func.items()},
+                       members=None if bool(members.all()) else members)
 
     def member_mask(self) -> Tensor:
         """``[n, G]`` bool: :attr:`members`, or all True."""

@@ -90,13 +90,16 @@ class FilterRound:
         """Enough groups kept, or the round limit reached."""
         return self.num_kept >= self.batch_size or self.rounds >= self.max_rounds
 
-    def add(self, rewards: np.ndarray, groups: Sequence[Any] | np.ndarray | None = None) -> np.ndarray:
+    def add(self, rewards: np.ndarray, groups: Sequence[Any] | np.ndarray | None = None,
+            members: np.ndarray | None = None) -> np.ndarray:
         """Take one round's rewards; return its ``[b]`` bool keep mask.
 
         Args:
             rewards: ``[b, G]`` rewards of the round's groups.
             groups: ``b`` labels of those groups (indices into the caller's rollout batch, prompt ids, ...).
                 Default: their positions in the concatenation of all rounds' rollouts of this step.
+            members: ``[b, G]`` bool, the real completions of groups of different sizes (None: all); a group's
+                spread is taken over its members.
         """
         if self._finished:
             raise RuntimeError("this step's dynamic sampling was already finished")
@@ -104,7 +107,7 @@ class FilterRound:
             raise RuntimeError(
                 f"no more rounds needed: {self.num_kept} groups kept after {self.rounds} of {self.max_rounds} rounds"
             )
-        mask = keep_mask(rewards)
+        mask = keep_mask(rewards, members)
         b = mask.size
         labels = list(range(self.num_rolled_out, self.num_rolled_out + b)) if groups is None else list(groups)
         if len(labels) != b:

@@ -317,7 +317,7 @@ class GRPOStep:
     def payload(self, local: Rollouts, failures: dict[str, Any], valid: int | None = None) -> tuple[Any, ...]:
         """What a rank sends about its rollouts: the outcome record of its first ``valid`` groups (all: None), the
         cost, the reward failure counts."""
-        cost = {"prompts": local.num_groups, "completions": local.completion_tokens.shape[0],
+        cost = {"prompts": local.num_groups, "completions": local.num_completions,
                 "tokens": int(local.completion_mask.sum()), "seconds": local.generation_s}
         kept = local.select_groups(torch.arange(valid)) if valid is not None and valid < local.num_groups else local
         return OutcomeRecord.from_rollouts(kept), cost, failures
@@ -383,7 +383,11 @@ class GRPOStep:
             rollouts, record = hook.on_rollouts(self, rollouts, record)
         trained = record.trained_batch()
         batch_rewards = trained.rewards if self.collective.is_distributed else None
-        advantages = group_advantages(rollouts.rewards, self.scale_rewards, batch_rewards=batch_rewards)  # 5 [B_l, G]
+        ragged = trained.members is not None or rollouts.members is not None  # groups of different sizes, any rank
+        advantages = group_advantages(  # 5 [B_l, G]; statistics over each group's own members
+            rollouts.rewards, self.scale_rewards, batch_rewards=batch_rewards,
+            members=rollouts.member_mask() if ragged else None,
+            batch_members=trained.member_mask() if ragged and batch_rewards is not None else None)
         steps_before = self.updater.optimizer_steps
         loss_metrics = self.updater.update(rollouts, advantages.reshape(-1), backend, self.collective,
                                            self.reference_logprobs)  # 6

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
-from lit_rlft.core.advantages import effective_ratio, keep_mask
+from lit_rlft.core.advantages import effective_ratio, keep_mask, masked_std
 from lit_rlft.core.distributed import Collective
 from lit_rlft.core.types import OutcomeRecord, Rollouts
 
@@ -93,18 +93,26 @@ class ValidationMetrics(nn.Module):
 def rollout_metrics(rollouts: Rollouts, trained: OutcomeRecord, collective: Collective) -> dict[str, float]:
     """TRL-named statistics of the batch trained on: rewards from the global ``trained`` record, completion lengths
     from every rank's ``rollouts`` (this rank's, reduced across ranks)."""
-    r = trained.rewards  # [B_global, G]
-    lengths = rollouts.completion_mask.sum(dim=1).float()  # [N_local]
+    r, members = trained.rewards, trained.members  # [B_global, G] each (members: None when every group is full)
+    lengths = rollouts.completion_mask[rollouts.member_rows()].sum(dim=1).float()  # [N_local] real completions
     local = {"sum": float(lengths.sum()), "n": float(lengths.numel()), "min": float(lengths.min()),
              "max": float(lengths.max()), "clipped": float(rollouts.truncated.float().sum())}
     parts = collective.all_gather(local)
     n = sum(p["n"] for p in parts)
+    if members is None:
+        reward, reward_std = float(r.mean()), float(r.std(dim=1).mean())
+        accuracy = float(trained.correct.float().mean())
+    else:  # over real completions; each group's std over its own members
+        m = members.float()
+        reward, accuracy = float((r * m).sum() / m.sum()), float((trained.correct.float() * m).sum() / m.sum())
+        reward_std = float(masked_std(r.float(), members, dim=1).mean())
     return {
-        "reward": float(r.mean()),
-        "reward_std": float(r.std(dim=1).mean()),
-        "accuracy": float(trained.correct.float().mean()),
+        "reward": reward,
+        "reward_std": reward_std,
+        "accuracy": accuracy,
         # max == min rather than std == 0: the float std of equal rewards such as 0.1 need not be exactly 0
-        "frac_reward_zero_std": float(1.0 - keep_mask(r.numpy()).mean()),
+        "frac_reward_zero_std": float(1.0 - keep_mask(r.numpy(), None if members is None else
+                                                      members.numpy()).mean()),
         "effective_ratio": effective_ratio(trained.success_rates.numpy()),
         "completions/mean_length": float(sum(p["sum"] for p in parts) / max(n, 1.0)),
         "completions/min_length": float(min(p["min"] for p in parts)),

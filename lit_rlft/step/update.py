@@ -2,6 +2,11 @@
 
 Notation: ``N`` sequences on this rank (``B_local * G``), ``L`` completion length, ``W`` ranks.
 
+Groups of different sizes (``Rollouts.members``): only the real rows are trained on (``Rollouts.member_rows``); the
+padding rows never reach the model, so every aggregation's ``N`` counts real completions (see
+``docs/losses.md``). Ranks may then hold different numbers of rows: mini-batches and micro-batches are brought to
+the same count on every rank, and a rank with nothing left in one makes a pass whose loss is multiplied by 0.
+
 :class:`PolicyUpdater` runs ``num_iterations`` passes; each pass shuffles this rank's ``N`` rows (when there are
 several mini-batches), splits them into ``num_mini_batches`` mini-batches and makes one optimizer step per
 mini-batch, accumulating gradients over micro-batches of ``micro_batch_size`` rows. What differs between the
@@ -129,7 +134,10 @@ class PolicyUpdater:
 
     # -- batching ----------------------------------------------------------------------------------------------
     def micro_batches(self, rollouts: Rollouts, rows: Tensor) -> list[Tensor]:
-        """The micro-batches ``[n_k]`` of a mini-batch's ``rows`` ``[m]``: by row count or by token budget."""
+        """The micro-batches ``[n_k]`` of a mini-batch's ``rows`` ``[m]``: by row count or by token budget (an
+        empty mini-batch gives one empty micro-batch)."""
+        if len(rows) == 0:
+            return [rows]
         if self.micro_batch_tokens is None:
             return list(rows.split(self.micro_batch_size or len(rows)))
         return token_budget_micro_batches(rows, rollouts.prompt_mask[rows].sum(1),
@@ -137,16 +145,26 @@ class PolicyUpdater:
                                           self.padding_free)
 
     def split(self, rollouts: Rollouts, mini_batches: list[Tensor], collective: Collective) -> list[list[Tensor]]:
-        """Each mini-batch's micro-batches, as many on every rank: a token budget can split ranks' rows into
-        different numbers, and every rank must make the same number of forward passes (FSDP2 gathers in each)."""
+        """Each mini-batch's micro-batches, as many on every rank: a token budget, or groups of different sizes
+        (ranks then hold different numbers of rows), can split ranks' rows into different numbers, and every rank
+        must make the same number of forward passes (FSDP2 gathers in each; an empty one is a dummy pass)."""
         micro = [self.micro_batches(rollouts, mb) for mb in mini_batches]
-        if self.micro_batch_tokens is None or not collective.is_distributed:
-            return micro  # row micro-batches: the same count on every rank (ranks hold equal numbers of rows)
+        if not collective.is_distributed:
+            return micro
         counts = np.max(np.asarray(collective.all_gather([len(m) for m in micro])), axis=0)
         return [split_to(m, int(k)) for m, k in zip(micro, counts)]
 
+    def mini_batches(self, rollouts: Rollouts) -> list[Tensor]:
+        """This rank's real rows (:meth:`Rollouts.member_rows`), shuffled when there are several mini-batches, cut
+        into ``num_mini_batches`` mini-batches ``[m_k]`` (some empty when there are fewer rows than that)."""
+        rows = rollouts.member_rows()  # [N_real]
+        perm = rows[torch.randperm(len(rows))] if self.num_mini_batches > 1 else rows
+        return split_to(list(perm.chunk(self.num_mini_batches)), self.num_mini_batches)
+
     def weight(self, rollouts: Rollouts, rows: Tensor) -> float:
-        """A micro-batch's share of its mini-batch's loss (:meth:`GRPOLoss.micro_batch_weight`)."""
+        """A micro-batch's share of its mini-batch's loss (:meth:`GRPOLoss.micro_batch_weight`; 0 when empty)."""
+        if len(rows) == 0:
+            return 0.0
         return self.loss_fn.micro_batch_weight(rollouts.completion_mask[rows], rollouts.truncated[rows])
 
     def logprobs(self, backend: UpdateBackend, rollouts: Rollouts, rows: Tensor, with_entropy: bool = False,
@@ -176,7 +194,6 @@ class PolicyUpdater:
         """
         collective = collective or LocalCollective()
         world = collective.world_size
-        N = rollouts.completion_tokens.shape[0]
         single_update = self.num_iterations == 1 and self.num_mini_batches == 1
         old = None if single_update else self.old_logprobs(rollouts, backend, collective)
         if ref_logprobs is not None and self.num_iterations > 1:  # the frozen reference's pass once, not per pass
@@ -184,15 +201,14 @@ class PolicyUpdater:
             ref_logprobs = None if ref_all is None else (lambda _rollouts, rows: ref_all[rows.to(ref_all.device)])
         stats: dict[str, list[float | Tensor]] = defaultdict(list)  # tensors stay on the device until the end
         for _ in range(self.num_iterations):
-            perm = torch.randperm(N) if self.num_mini_batches > 1 else torch.arange(N)
-            mini_batches = self.split(rollouts, list(perm.chunk(self.num_mini_batches)), collective)
+            mini_batches = self.split(rollouts, self.mini_batches(rollouts), collective)
             local = [[self.weight(rollouts, rows) for rows in micro] for micro in mini_batches]
             sums = [sum(w) for w in local]
             totals = sums if world == 1 else _sum_lists(collective.all_gather(sums))  # global weight per mini-batch
             for micro, weights, total in zip(mini_batches, local, totals):
                 self._optimizer_step(rollouts, micro, weights, total or 1.0,
                                      advantages, old, backend, collective, ref_logprobs, stats)
-            stats["perf/padding_share"].append(padding_share(rollouts, [r for m in mini_batches for r in m],
+            stats["perf/padding_share"].append(padding_share(rollouts, [r for m in mini_batches for r in m if len(r)],
                                                              self.padding_free, self.micro_batch_tokens is not None))
         skipped = len(stats.pop("nonfinite_skips", []))
         reduce = {"/min": np.min, "/max": np.max}
@@ -216,6 +232,11 @@ class PolicyUpdater:
         backend.zero_grad()
         for i, (rows, w) in enumerate(zip(micro, weights)):
             with nullcontext() if i == len(micro) - 1 else backend.no_sync():
+                if len(rows) == 0:  # fewer rows here than on another rank: a pass that adds nothing (collectives)
+                    out, _ = self._loss(rollouts, rollouts.member_rows()[:1], advantages, old, backend, ref_logprobs,
+                                        threshold, 0.0 if bonus_tokens is not None else None, record=False)
+                    backend.backward(out.loss * 0.0)
+                    continue
                 normaliser = bonus_tokens * w / total if bonus_tokens is not None else None
                 out, entropy = self._loss(rollouts, rows, advantages, old, backend, ref_logprobs, threshold,
                                           normaliser)
@@ -249,10 +270,13 @@ class PolicyUpdater:
         threshold = None
         if loss.top_entropy_quantile < 1.0:
             with torch.no_grad():
-                local = torch.cat([
-                    self.logprobs(backend, rollouts, rows, with_entropy=True)[1].cpu()[
-                        loss.token_mask(rollouts.completion_mask[rows], rollouts.truncated[rows])]
-                    for rows in micro])  # [this rank's loss tokens]
+                parts = [torch.zeros(0)]
+                for rows in micro:
+                    entropy = self.logprobs(backend, rollouts, rows if len(rows) else rollouts.member_rows()[:1],
+                                            with_entropy=True)[1].cpu()  # an empty micro-batch: a dummy pass
+                    if len(rows):
+                        parts.append(entropy[loss.token_mask(rollouts.completion_mask[rows], rollouts.truncated[rows])])
+                local = torch.cat(parts)  # [this rank's loss tokens]
             values = local if not collective.is_distributed else torch.cat(collective.all_gather(local))
             threshold = entropy_threshold(values, loss.top_entropy_quantile)
             count = float((values >= threshold).sum())
@@ -289,7 +313,10 @@ class PolicyUpdater:
         """``[N, L]``: ``per_rows(rollouts, rows)`` ``[n, L]`` over this rank's micro-batches, as many on every rank
         (a sharded model's forwards are collectives); None when ``per_rows`` gives None (or there are no rows)."""
         out = None
-        for rows in self.split(rollouts, [torch.arange(rollouts.completion_tokens.shape[0])], collective)[0]:
+        for rows in self.split(rollouts, [rollouts.member_rows()], collective)[0]:
+            if len(rows) == 0:  # a pass that adds nothing: the other ranks' forwards are collectives
+                per_rows(rollouts, rollouts.member_rows()[:1])
+                continue
             part = per_rows(rollouts, rows)  # [n, L]
             if part is None:
                 return None
@@ -300,7 +327,7 @@ class PolicyUpdater:
 
     def _loss(self, rollouts: Rollouts, rows: Tensor, advantages: Tensor, old: Tensor | None,
               backend: UpdateBackend, ref_logprobs: RefLogprobs | None, threshold: float | None,
-              normaliser: float | None) -> tuple[LossOutput, Tensor]:
+              normaliser: float | None, record: bool = True) -> tuple[LossOutput, Tensor]:
         device = backend.device
         loss_fn = self.loss_fn
         logprobs, entropy = self.logprobs(backend, rollouts, rows, with_entropy=True,
@@ -318,7 +345,8 @@ class PolicyUpdater:
                 if rollouts.behaviour_logprobs is None:
                     raise RuntimeError("replayed groups need behaviour_logprobs (the mu stored when they were fresh)")
                 behaviour = torch.where(replay_rows[:, None], rollouts.behaviour_logprobs[rows].to(device), fresh_mu)
-        _record_behaviour(rollouts, rows, replay_host, fresh_mu)
+        if record:
+            _record_behaviour(rollouts, rows, replay_host, fresh_mu)
         ref = ref_logprobs(rollouts, rows) if ref_logprobs is not None else None
         extra: dict[str, object] = {}
         if loss_fn.mask_truncated_completions:
