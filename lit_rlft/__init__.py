@@ -23,6 +23,7 @@ from lit_rlft.callbacks import (
     RolloutHook,
     ScreeningCallback,
     SelectionCallback,
+    SequentialSamplingCallback,
     SuccessRateRecorder,
 )
 from lit_rlft.core.losses import GRPOLoss
@@ -53,6 +54,6 @@ __all__ = [
     "DPSCallback", "DifficultyPredictorConfig", "DynamicSamplingCallback", "FabricLoop", "GRESOCallback", "GRPOLoss",
     "GRPOConfig", "GRPOModule", "GRPOStep", "GenerationConfig", "HFEngine", "HistoryResamplingCallback", "MoPPSCallback", "LoRAConfig", "OptimConfig", "OutcomeRecord", "PolicyUpdater", "PromptDataModule",
     "ReplayCallback", "RewardRunner", "RolloutBudgetStop", "RolloutEngine", "RolloutHook", "RolloutWorker",
-    "Rollouts", "SamplingConfig", "ScreeningCallback", "SelectionCallback", "StepContext", "StepOutput", "StopCondition", "SuccessRateRecorder", "TinyConfig", "TorchBackend",
+    "Rollouts", "SamplingConfig", "ScreeningCallback", "SelectionCallback", "SequentialSamplingCallback", "StepContext", "StepOutput", "StopCondition", "SuccessRateRecorder", "TinyConfig", "TorchBackend",
     "__version__", "build_models", "build_step", "fsdp2_parallelize",
 ]

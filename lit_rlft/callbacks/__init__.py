@@ -2,7 +2,7 @@
 
 Selection callbacks (``DPSCallback``, ``DOTSCallback``, ``HistoryResamplingCallback``) write the next step's
 prompts into the datamodule's batch plan from ``on_train_batch_end``; rollout hooks (``DynamicSamplingCallback``,
-``ScreeningCallback``, ``ReplayCallback``) reshape a step's rollout batch inside ``training_step``. They compose in one
+``ScreeningCallback``, ``SequentialSamplingCallback``, ``ReplayCallback``) reshape a step's rollout batch inside ``training_step``. They compose in one
 Trainer.
 """
 
@@ -21,9 +21,11 @@ from lit_rlft.callbacks.recorder import SuccessRateRecorder
 from lit_rlft.callbacks.replay import ReplayCallback
 from lit_rlft.callbacks.screening import ScreeningCallback
 from lit_rlft.callbacks.selection import SelectionCallback
+from lit_rlft.callbacks.sequential import SequentialSamplingCallback
 
 __all__ = [
     "BatchCompositionLogger", "CompletionLogger", "DOTSCallback", "DPSCallback", "DifficultyPredictorConfig",
     "DynamicSamplingCallback", "GRESOCallback", "HistoryResamplingCallback", "MoPPSCallback", "ReplayCallback",
-    "RolloutBudgetStop", "RolloutHook", "ScreeningCallback", "SelectionCallback", "SuccessRateRecorder",
+    "RolloutBudgetStop", "RolloutHook", "ScreeningCallback", "SelectionCallback", "SequentialSamplingCallback",
+    "SuccessRateRecorder",
 ]

@@ -99,10 +99,11 @@ def rollout_metrics(rollouts: Rollouts, trained: OutcomeRecord, collective: Coll
              "max": float(lengths.max()), "clipped": float(rollouts.truncated.float().sum())}
     parts = collective.all_gather(local)
     n = sum(p["n"] for p in parts)
-    if members is None:
+    if members is None and r.shape[1] > 1:
         reward, reward_std = float(r.mean()), float(r.std(dim=1).mean())
         accuracy = float(trained.correct.float().mean())
-    else:  # over real completions; each group's std over its own members
+    else:  # over real completions; each group's std over its own members (0 for a group of one)
+        members = trained.member_mask()
         m = members.float()
         reward, accuracy = float((r * m).sum() / m.sum()), float((trained.correct.float() * m).sum() / m.sum())
         reward_std = float(masked_std(r.float(), members, dim=1).mean())

@@ -18,6 +18,7 @@ from lit_rlft.callbacks import (
     MoPPSCallback,
     ReplayCallback,
     ScreeningCallback,
+    SequentialSamplingCallback,
 )
 from tests.conftest import countdown_dm, tiny_module, tiny_trainer
 
@@ -94,9 +95,11 @@ def _dots(tmp_path):
      lambda tmp: [_dots(tmp), DynamicSamplingCallback(max_rounds=3)],
      lambda tmp: [ScreeningCallback(initial_generations=2, max_rounds=3)],
      lambda tmp: [ScreeningCallback(initial_generations=2, max_rounds=3), DPSCallback(),
-                  ReplayCallback(delta=0.5, capacity=8)]],
+                  ReplayCallback(delta=0.5, capacity=8)],
+     lambda tmp: [SequentialSamplingCallback(1, 2, 5), DPSCallback(), ReplayCallback(delta=0.5, capacity=8)]],
     ids=["dps", "history", "dots", "dps+replay", "dps-candidates", "mopps", "greso", "dynamic-sampling", "replay",
-         "dps+dynamic-sampling", "dots+replay", "dots+dynamic-sampling", "screening", "screening+dps+replay"],
+         "dps+dynamic-sampling", "dots+replay", "dots+dynamic-sampling", "screening", "screening+dps+replay",
+         "sequential+dps+replay"],
 )
 def test_resume_selects_exactly_what_the_uninterrupted_run_selects(tmp_path, make):
     full, full_module = _fit(tmp_path / "full", make(tmp_path), steps=6)

@@ -66,6 +66,7 @@ class Probe(StepCallback):
         self.steps.append({
             "fresh": sorted(r.prompt_ids[~r.is_replay].tolist()),
             "replayed": sorted(r.prompt_ids[r.is_replay].tolist()),
+            "completions": r.num_completions,  # this rank's real rows (groups of different sizes: per rank)
             "global": sorted(record.trained_batch().prompt_ids.tolist()),
             "observed": sorted(record.fresh().prompt_ids.tolist()),
             "in_flight": sorted(np.asarray(ctx.in_flight).tolist()),  # dispatched during the step, not yet trained
@@ -125,7 +126,7 @@ class PlanDrift(StepCallback):
 
 
 SELECTION = {"DPSCallback", "DOTSCallback", "ReplayCallback", "DynamicSamplingCallback", "HistoryResamplingCallback",
-             "ScreeningCallback"}
+             "ScreeningCallback", "SequentialSamplingCallback"}
 
 
 def make_callbacks(names: list[str], out: Path) -> list[L.Callback]:
@@ -135,6 +136,7 @@ def make_callbacks(names: list[str], out: Path) -> list[L.Callback]:
         DynamicSamplingCallback,
         ReplayCallback,
         ScreeningCallback,
+        SequentialSamplingCallback,
     )
 
     made = {
@@ -144,6 +146,7 @@ def make_callbacks(names: list[str], out: Path) -> list[L.Callback]:
                                      cache_dir=str(out / "emb")),
         "ds": lambda: DynamicSamplingCallback(max_rounds=3),
         "screen": lambda: ScreeningCallback(initial_generations=2, max_rounds=3),
+        "seq": lambda: SequentialSamplingCallback(initial_generations=1, round_generations=1, max_generations=4),
         "drift": PlanDrift,
     }
     return [made[n]() for n in names if n]

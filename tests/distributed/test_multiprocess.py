@@ -80,6 +80,12 @@ RUNS = {
     # screening: kept screening groups move to the rank that completes them; replay after it; then one step off
     "trainer_screen_dps_replay": ["--callbacks", "screen,dps,replay", "--steps", "4"],
     "trainer_async_screen_dps": ["--callbacks", "screen,dps", "--steps", "4", "--async-depth", "1"],
+    # sequential sampling: groups of different sizes, ranks training on different numbers of rows (FSDP2's dummy
+    # passes), replayed groups of other sizes beside them
+    "trainer_seq_dps_replay": ["--callbacks", "seq,dps,replay", "--steps", "4", "--micro-batch-size", "2"],
+    "trainer_seq_dump": ["--callbacks", "seq", "--steps", "1", "--micro-batch-size", "3", "--dump"],
+    "fsdp2_lora_seq_replay": ["--strategy", "fsdp2", "--lora", "--callbacks", "seq,replay", "--steps", "4",
+                              "--micro-batch-size", "2"],
 }
 
 
@@ -126,7 +132,8 @@ def test_two_ranks_hold_identical_state_and_train_disjoint_halves(runs, name):
 
 
 @pytest.mark.parametrize("name", ["trainer_dps_replay_ds", "trainer_async_dps_replay_ds", "fabric_async_dots",
-                                  "fsdp2_lora_async", "trainer_screen_dps_replay", "trainer_async_screen_dps"])
+                                  "fsdp2_lora_async", "trainer_screen_dps_replay", "trainer_async_screen_dps",
+                                  "trainer_seq_dps_replay", "fsdp2_lora_seq_replay"])
 def test_two_ranks_agree_and_the_rows_they_train_are_the_record_and_never_in_flight(runs, name):
     """The plan, every callback's state and the parameters stay equal on both ranks; what the ranks train together
     is exactly the record's trained batch (dynamic sampling after replay: the kept groups fetched from the rank that
@@ -141,6 +148,8 @@ def test_two_ranks_agree_and_the_rows_they_train_are_the_record_and_never_in_fli
         assert a["plan"] == b["plan"] and a["scheduled"] == b["scheduled"] and a["budget"] == b["budget"]
         assert not set(a["fresh"] + a["replayed"]) & set(b["fresh"] + b["replayed"])
         assert sorted(a["fresh"] + a["replayed"] + b["fresh"] + b["replayed"]) == a["global"]
+    if "seq" in name:  # groups of different sizes: the ranks trained on different numbers of rows at some step
+        assert any(a["completions"] != b["completions"] for a, b in zip(r0["steps"], r1["steps"]))
     for t in range(4 if "async" in name else 0):  # nothing rolled out in a step was in flight during it
         rolled, flying = set(r0["steps"][t]["observed"]), set(r0["steps"][t]["in_flight"])
         assert flying or t == 3, f"step {t}: nothing in flight at depth 1"
@@ -176,6 +185,13 @@ def test_two_ranks_compute_the_one_rank_gradient(runs):
     _assert_one_rank_gradient(out)
 
 
+def test_two_ranks_compute_the_one_rank_gradient_with_groups_of_different_sizes(runs):
+    """Sequential sampling's first step: groups of different sizes, a different number of rows on each rank; the
+    loss's normaliser counts the real completions of both ranks, as one rank holding them all does."""
+    _, out = runs("trainer_seq_dump")
+    _assert_one_rank_gradient(out, ragged=True)
+
+
 def test_two_ranks_compute_the_one_rank_gradient_with_batch_wide_loss_terms(runs):
     """The same with the loss terms computed over the whole batch (TRL's names): only the top 30% of the tokens by
     entropy trained (a global quantile; this batch's per-rank quantiles would keep other tokens: a local threshold
@@ -195,7 +211,7 @@ def test_two_ranks_compute_the_one_rank_gradient_with_an_entropy_bonus(runs):
     _assert_one_rank_gradient(out, loss=dict(entropy_coef=0.05))
 
 
-def _assert_one_rank_gradient(out: Path, loss: dict | None = None) -> None:
+def _assert_one_rank_gradient(out: Path, loss: dict | None = None, ragged: bool = False) -> None:
     from lit_rlft import GenerationConfig, GRPOLoss, GRPOModule, OptimConfig, Rollouts, TinyConfig
     from lit_rlft.core.advantages import group_advantages
     from lit_rlft.step.optim import adamw_with_warmup
@@ -212,6 +228,10 @@ def _assert_one_rank_gradient(out: Path, loss: dict | None = None) -> None:
     module.policy.load_state_dict(d0["before"], strict=False)  # the tied LM head is not a parameter of its own
     batch = Rollouts.concat([d0["rollouts"], d1["rollouts"]])
     batch.behaviour_logprobs = None  # filled by the update, as on the ranks
+    members = batch.members
+    if ragged:
+        rows = [d["rollouts"].num_completions for d in (d0, d1)]
+        assert members is not None and rows[0] != rows[1], f"equal groups or rows {rows}: nothing ragged to test"
     opt = adamw_with_warmup(module.policy.parameters(), 1e-3, (0.9, 0.99), 0.0, 0, "constant", None)
     grads: dict[str, torch.Tensor] = {}
 
@@ -221,7 +241,7 @@ def _assert_one_rank_gradient(out: Path, loss: dict | None = None) -> None:
             super().optimizer_step()
 
     backend = Capture(module.policy, opt["optimizer"], opt["lr_scheduler"]["scheduler"])
-    module.grpo.updater.update(batch, group_advantages(batch.rewards, "group").reshape(-1), backend)
+    module.grpo.updater.update(batch, group_advantages(batch.rewards, "group", members=members).reshape(-1), backend)
     assert sum(float(g.norm()) for g in grads.values()) > 0, "no gradient: the test would compare zeros"
     for name, g in grads.items():
         assert torch.equal(d0["grads"][name], d1["grads"][name]), f"{name}: ranks hold different gradients"
