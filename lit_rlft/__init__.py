@@ -9,6 +9,7 @@ Lightning callbacks::
 """
 
 from lit_rlft.callbacks import (
+    AllocationCallback,
     BatchCompositionLogger,
     CompletionLogger,
     DifficultyPredictorConfig,
@@ -50,7 +51,7 @@ from lit_rlft.step.update import PolicyUpdater, TorchBackend
 __version__ = "0.3.0"
 
 __all__ = [
-    "ArithmeticTask", "BatchCompositionLogger", "BatchPlan", "CompletionLogger", "CountdownTask", "DOTSCallback",
+    "AllocationCallback", "ArithmeticTask", "BatchCompositionLogger", "BatchPlan", "CompletionLogger", "CountdownTask", "DOTSCallback",
     "DPSCallback", "DifficultyPredictorConfig", "DynamicSamplingCallback", "FabricLoop", "GRESOCallback", "GRPOLoss",
     "GRPOConfig", "GRPOModule", "GRPOStep", "GenerationConfig", "HFEngine", "HistoryResamplingCallback", "MoPPSCallback", "LoRAConfig", "OptimConfig", "OutcomeRecord", "PolicyUpdater", "PromptDataModule",
     "ReplayCallback", "RewardRunner", "RolloutBudgetStop", "RolloutEngine", "RolloutHook", "RolloutWorker",

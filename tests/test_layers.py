@@ -28,7 +28,7 @@ SIDEWAYS: set[tuple[str, str]] = set()
 #: Where Lightning may be imported: its adapters, the datamodule (a LightningDataModule) and the command line.
 LIGHTNING_ALLOWED = {"lightning", "callbacks", "cli", "data/datamodule.py"}
 #: Modules of the callbacks package that other callbacks may import (their shared base layer).
-CALLBACK_BASES = {"base", "selection", "difficulty", "rounds"}
+CALLBACK_BASES = {"base", "selection", "difficulty", "rounds", "extend"}
 
 
 def _level(package: str) -> int:

@@ -2,10 +2,11 @@
 
 Selection callbacks (``DPSCallback``, ``DOTSCallback``, ``HistoryResamplingCallback``) write the next step's
 prompts into the datamodule's batch plan from ``on_train_batch_end``; rollout hooks (``DynamicSamplingCallback``,
-``ScreeningCallback``, ``SequentialSamplingCallback``, ``ReplayCallback``) reshape a step's rollout batch inside ``training_step``. They compose in one
+``ScreeningCallback``, ``SequentialSamplingCallback``, ``AllocationCallback``, ``ReplayCallback``) reshape a step's rollout batch inside ``training_step``. They compose in one
 Trainer.
 """
 
+from lit_rlft.callbacks.allocation import AllocationCallback
 from lit_rlft.callbacks.base import RolloutHook
 from lit_rlft.callbacks.budget import RolloutBudgetStop
 from lit_rlft.callbacks.completions import CompletionLogger
@@ -24,7 +25,7 @@ from lit_rlft.callbacks.selection import SelectionCallback
 from lit_rlft.callbacks.sequential import SequentialSamplingCallback
 
 __all__ = [
-    "BatchCompositionLogger", "CompletionLogger", "DOTSCallback", "DPSCallback", "DifficultyPredictorConfig",
+    "AllocationCallback", "BatchCompositionLogger", "CompletionLogger", "DOTSCallback", "DPSCallback", "DifficultyPredictorConfig",
     "DynamicSamplingCallback", "GRESOCallback", "HistoryResamplingCallback", "MoPPSCallback", "ReplayCallback",
     "RolloutBudgetStop", "RolloutHook", "ScreeningCallback", "SelectionCallback", "SequentialSamplingCallback",
     "SuccessRateRecorder",

@@ -35,6 +35,7 @@ class DOTSCallback(SelectionCallback):
     """
 
     name = "dots"
+    predicts_success = True  # its strategy has spread_probabilities: AllocationCallback allocates from it
 
     def __init__(
         self,

@@ -42,6 +42,7 @@ class DPSCallback(SelectionCallback):
     """
 
     name = "dps"
+    predicts_success = True  # its strategy has spread_probabilities: AllocationCallback allocates from it
 
     def __init__(self, decay: float = 0.5, prior: str = "uniform", entropy_bonus: float = 0.0,
                  confusion_every_n_steps: int = 50, cold_start: DifficultyPredictorConfig | None = None,

@@ -33,6 +33,7 @@ class MoPPSCallback(SelectionCallback):
     """
 
     name = "mopps"
+    predicts_success = True  # its strategy has spread_probabilities: AllocationCallback allocates from it
 
     def __init__(self, candidate_ratio: int | None = 16, target: float = 0.5,
                  prior: tuple[float, float] = (1.0, 1.0), decay: float = 1.0, seed: int = 0):

@@ -81,7 +81,10 @@ class SelectionCallback(StepCallback):
         rates = fresh.success_rates.numpy().astype(np.float64)
         step = ctx.rollout_step - 1  # the step that just ran
         metrics = self.before_observe(ids, rates, step)
-        self.strategy.observe(ids, rates, step)
+        if fresh.members is not None and getattr(self.strategy, "observes_group_sizes", False):
+            self.strategy.observe(ids, rates, step, group_sizes=fresh.member_mask().sum(1).numpy())
+        else:
+            self.strategy.observe(ids, rates, step)
         metrics[f"{self.name}/effective_ratio"] = effective_ratio(rates)
         if not ctx.ends_after_this_step():  # the batch of step t + 1 + k (k = async_depth: t + 1.. are in flight)
             self._schedule(ctx, ctx.rollout_step + ctx.async_depth)

@@ -3,13 +3,10 @@ prompt until its group shows both outcomes, up to a cap."""
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
-import torch
 
 from lit_rlft.callbacks.base import RolloutHook, StepCallback
-from lit_rlft.core.advantages import keep_mask
+from lit_rlft.callbacks.extend import check_first_hook, more_completions, sizes_and_spread, train_on_spread
 from lit_rlft.core.types import OutcomeRecord, Rollouts
 from lit_rlft.step.context import StepContext
 
@@ -74,59 +71,27 @@ class SequentialSamplingCallback(RolloutHook, StepCallback):
 
     def on_rollouts(self, ctx: StepContext, rollouts: Rollouts,
                     record: OutcomeRecord) -> tuple[Rollouts, OutcomeRecord]:
-        if rollouts.group_size != self.initial_generations or bool(record.is_replay.any()):
-            raise RuntimeError(f"SequentialSamplingCallback must be the first rollout hook: it got groups of "
-                               f"{rollouts.group_size} completions (expected its first round's "
-                               f"{self.initial_generations}), {int(record.is_replay.sum())} of them replayed; list it "
-                               "before the others")
-        coll = ctx.collective
-        world, rank = coll.world_size, coll.rank
-        per_rank = record.num_groups // world
-        owner = np.arange(record.num_groups) // max(per_rank, 1)  # [B] the rank holding each prompt's completions
+        check_first_hook(type(self).__name__, rollouts, record, self.initial_generations)
         parts, records, joined, rounds = [rollouts], [record], record, 1
         while True:
-            sizes, mixed = _sizes_and_spread(joined)
-            need = ~mixed & (sizes < self.max_generations)
-            needs = [np.flatnonzero(need & (owner == q)) for q in range(world)]
-            k = max(len(n) for n in needs)
-            if k == 0:
+            sizes, spread = sizes_and_spread(joined)
+            need = ~spread & (sizes < self.max_generations)
+            if not need.any():
                 break
             g = min(self.round_generations, self.max_generations - int(sizes[need].max()))
-            rows = [np.resize(n if len(n) else np.array([q * per_rank]), k) for q, n in enumerate(needs)]
-            ids = joined.prompt_ids.numpy()[np.concatenate(rows)]  # rank-major: rank q's slice is its own prompts
-            local, more = ctx.rollout(ids, purpose=self.prefix, num_generations=g)
-            if len(needs[rank]):
-                parts.append(local.select_groups(torch.arange(len(needs[rank]))) if len(needs[rank]) < k else local)
-            records.append(more.select([q * k + i for q in range(world) for i in range(len(needs[q]))]))
+            local, more = more_completions(ctx, joined, np.where(need, g, 0), self.prefix)
+            parts += local
+            records += more
             joined = OutcomeRecord.join(records)
             rounds += 1
-        sizes, mixed = _sizes_and_spread(joined)
-        train = mixed | self.keep_unresolved
-        for q in range(world):  # every rank trains on at least one group
-            if not train[q * per_rank : (q + 1) * per_rank].any():
-                train[q * per_rank] = True
-                if rank == 0:
-                    warnings.warn(f"SequentialSamplingCallback: no group of rank {q} has a reward spread within "
-                                  f"{self.max_generations} completions; training on its first group (no gradient)",
-                                  UserWarning, stacklevel=2)
-        batch = Rollouts.join(parts)
-        mine = train[rank * per_rank : (rank + 1) * per_rank]
-        if not mine.all():
-            batch = batch.select_groups(torch.from_numpy(np.flatnonzero(mine)))
-        trained_sizes = sizes[train]
+        batch, out, train = train_on_spread(ctx, type(self).__name__, Rollouts.join(parts), joined,
+                                            self.keep_unresolved)
+        sizes, spread = sizes_and_spread(joined)
         ctx.log({
             f"{self.prefix}/rounds": float(rounds),
-            f"{self.prefix}/resolved_groups": float(mixed.sum()),
-            f"{self.prefix}/unresolved_groups": float((~mixed).sum()),
-            f"{self.prefix}/mean_group_size": float(trained_sizes.mean()),
-            f"{self.prefix}/max_group_size": float(trained_sizes.max()),
+            f"{self.prefix}/resolved_groups": float(spread.sum()),
+            f"{self.prefix}/unresolved_groups": float((~spread).sum()),
+            f"{self.prefix}/mean_group_size": float(sizes[train].mean()),
+            f"{self.prefix}/max_group_size": float(sizes[train].max()),
         })
-        flags = torch.from_numpy(train)
-        out = OutcomeRecord.concat([joined.select(flags).with_trained(True), joined.select(~flags).with_trained(False)])
         return batch, out
-
-
-def _sizes_and_spread(record: OutcomeRecord) -> tuple[np.ndarray, np.ndarray]:
-    """``[n]`` completions of each group and whether its rewards have a spread (both outcomes, for 0/1 rewards)."""
-    members = record.member_mask().numpy()
-    return members.sum(1), keep_mask(record.rewards.numpy(), members)

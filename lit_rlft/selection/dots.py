@@ -40,6 +40,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from lit_rlft.selection.allocation import point_spread
 from lit_rlft.selection.base import (
     allowed_ids,
     check_num_prompts,
@@ -305,6 +306,12 @@ class DOTSSelector:
             hit = where >= 0
             out[hit] = d_ref[where[hit]]
         return out.float()
+
+    def spread_probabilities(self, prompt_ids: np.ndarray, n_max: int, group_size: int) -> np.ndarray:
+        """``[n, n_max + 1]`` probability that a group of ``0 .. n_max`` completions of each prompt has both outcomes,
+        from the predicted success rate ``1 - d`` taken as known (:func:`~lit_rlft.selection.allocation.point_spread`;
+        ``group_size`` unused)."""
+        return point_spread(1.0 - self.predict(np.asarray(prompt_ids, dtype=np.int64)).cpu().double().numpy(), n_max)
 
     # -- protocol --------------------------------------------------------------------------------------------------
     def select(self, batch_size: int, step: int, rng: np.random.Generator,

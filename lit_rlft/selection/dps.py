@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from lit_rlft.selection.allocation import state_spread
 from lit_rlft.selection.base import (
     NUM_STATES,
     PARTIAL,
@@ -289,6 +290,12 @@ class DPSSelector:
         """``[n]`` int8 most probable next state (argmax of ``mu_prior``; exact ties go to the lower state, so a
         never-seen prompt, at 1/3 each, is predicted unsolved)."""
         return np.argmax(self.mu_prior[np.asarray(prompt_ids, dtype=np.int64)], axis=1).astype(np.int8)
+
+    def spread_probabilities(self, prompt_ids: np.ndarray, n_max: int, group_size: int) -> np.ndarray:
+        """``[n, n_max + 1]`` probability that a group of ``0 .. n_max`` completions of each prompt has both outcomes:
+        the predicted state belief ``mu_prior`` mixing each state's law of the success rate after a group of
+        ``group_size`` (:func:`~lit_rlft.selection.allocation.state_spread`)."""
+        return self.mu_prior[np.asarray(prompt_ids, dtype=np.int64)] @ state_spread(group_size, n_max)
 
     def prob_partial(self, prompt_ids: np.ndarray) -> np.ndarray:
         """``[n]`` predicted probability that each prompt's next group is partially solved."""

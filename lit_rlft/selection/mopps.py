@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from lit_rlft.selection.allocation import beta_spread
 from lit_rlft.selection.base import (
     allowed_ids,
     check_num_prompts,
@@ -80,15 +81,26 @@ class MoPPSSelector:
         self.last_candidates: np.ndarray | None = None
         self.last_gamma: np.ndarray | None = None
 
-    def observe(self, prompt_ids: np.ndarray, success_rates: np.ndarray, step: int) -> None:
-        """Update the posteriors of the prompts just rolled out (``[B]`` ids, ``[B]`` success rates)."""
+    observes_group_sizes = True
+    """:meth:`observe` takes each group's size (groups of different sizes: per-prompt allocation, screening)."""
+
+    def observe(self, prompt_ids: np.ndarray, success_rates: np.ndarray, step: int,
+                group_sizes: np.ndarray | None = None) -> None:
+        """Update the posteriors of the prompts just rolled out (``[B]`` ids, ``[B]`` success rates; ``[B]``
+        completions per group, default ``num_generations`` each)."""
         ids, rates = validate_observation(prompt_ids, success_rates, self.num_prompts)
-        k = self.num_generations
+        k = self.num_generations if group_sizes is None else np.asarray(group_sizes, dtype=np.float64).reshape(-1)
         s = np.rint(rates * k)  # [B] successes
         lam = self.decay
         self.alpha[ids] = lam * self.alpha[ids] + (1.0 - lam) * self.alpha_0 + s
         self.beta[ids] = lam * self.beta[ids] + (1.0 - lam) * self.beta_0 + (k - s)
         self.num_observed[ids] += 1
+
+    def spread_probabilities(self, prompt_ids: np.ndarray, n_max: int, group_size: int) -> np.ndarray:
+        """``[n, n_max + 1]`` probability that a group of ``0 .. n_max`` completions of each prompt has both outcomes,
+        under its posterior (:func:`~lit_rlft.selection.allocation.beta_spread`; ``group_size`` unused)."""
+        ids = np.asarray(prompt_ids, dtype=np.int64)
+        return beta_spread(self.alpha[ids], self.beta[ids], n_max)
 
     def posterior_mean(self, prompt_ids: np.ndarray | None = None) -> np.ndarray:
         """``[n]`` (or ``[S]``) posterior mean success rates ``alpha / (alpha + beta)``."""

@@ -8,7 +8,7 @@ Protocol and tested against a minimal fake of it, never against ``GRPOModule``'s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -119,6 +119,12 @@ class StepContext(Protocol):
     @property
     def log_dir(self) -> str:
         """Where the run writes its files."""
+        ...
+
+    @property
+    def callbacks(self) -> Sequence[Any]:
+        """The callbacks the step was bound with (a rollout hook that uses another callback's predictions finds it
+        here: ``AllocationCallback``)."""
         ...
 
     @property

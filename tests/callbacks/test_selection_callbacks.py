@@ -10,6 +10,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lit_rlft.callbacks import (
+    AllocationCallback,
     DOTSCallback,
     DPSCallback,
     DynamicSamplingCallback,
@@ -96,10 +97,12 @@ def _dots(tmp_path):
      lambda tmp: [ScreeningCallback(initial_generations=2, max_rounds=3)],
      lambda tmp: [ScreeningCallback(initial_generations=2, max_rounds=3), DPSCallback(),
                   ReplayCallback(delta=0.5, capacity=8)],
-     lambda tmp: [SequentialSamplingCallback(1, 2, 5), DPSCallback(), ReplayCallback(delta=0.5, capacity=8)]],
+     lambda tmp: [SequentialSamplingCallback(1, 2, 5), DPSCallback(), ReplayCallback(delta=0.5, capacity=8)],
+     lambda tmp: [AllocationCallback(1, 6, budget_ratio=1.25, granularity=1, min_gain=0.0), MoPPSCallback(),
+                  ReplayCallback(delta=0.5, capacity=8)]],
     ids=["dps", "history", "dots", "dps+replay", "dps-candidates", "mopps", "greso", "dynamic-sampling", "replay",
          "dps+dynamic-sampling", "dots+replay", "dots+dynamic-sampling", "screening", "screening+dps+replay",
-         "sequential+dps+replay"],
+         "sequential+dps+replay", "allocation+mopps+replay"],
 )
 def test_resume_selects_exactly_what_the_uninterrupted_run_selects(tmp_path, make):
     full, full_module = _fit(tmp_path / "full", make(tmp_path), steps=6)

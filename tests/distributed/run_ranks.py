@@ -126,11 +126,12 @@ class PlanDrift(StepCallback):
 
 
 SELECTION = {"DPSCallback", "DOTSCallback", "ReplayCallback", "DynamicSamplingCallback", "HistoryResamplingCallback",
-             "ScreeningCallback", "SequentialSamplingCallback"}
+             "ScreeningCallback", "SequentialSamplingCallback", "AllocationCallback"}
 
 
 def make_callbacks(names: list[str], out: Path) -> list[L.Callback]:
     from lit_rlft.callbacks import (
+        AllocationCallback,
         DOTSCallback,
         DPSCallback,
         DynamicSamplingCallback,
@@ -146,6 +147,8 @@ def make_callbacks(names: list[str], out: Path) -> list[L.Callback]:
                                      cache_dir=str(out / "emb")),
         "ds": lambda: DynamicSamplingCallback(max_rounds=3),
         "screen": lambda: ScreeningCallback(initial_generations=2, max_rounds=3),
+        "alloc": lambda: AllocationCallback(min_generations=1, max_generations=6, budget_ratio=1.25, granularity=1,
+                                            min_gain=0.0),
         "seq": lambda: SequentialSamplingCallback(initial_generations=1, round_generations=1, max_generations=4),
         "drift": PlanDrift,
     }
@@ -172,6 +175,7 @@ def main() -> None:
     p.add_argument("--callbacks", default="")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--pool", type=int, default=48)
     p.add_argument("--lora", action="store_true")
     p.add_argument("--reward", default="tests.distributed.helpers.coin_reward")
     p.add_argument("--micro-batch-size", type=int, default=None)
@@ -221,7 +225,7 @@ def main() -> None:
         lora=LoRAConfig(r=4, alpha=8) if a.lora else None,
     )
     val = CountdownTask(size=a.val, split="test", seed=1) if a.val else None
-    dm = PromptDataModule(train=CountdownTask(size=48, split="train", seed=0), val=val, answer_field=None,
+    dm = PromptDataModule(train=CountdownTask(size=a.pool, split="train", seed=0), val=val, answer_field=None,
                           batch_size=a.batch_size, val_batch_size=4)
     callbacks = make_callbacks(a.callbacks.split(","), out)
     if a.launcher == "fabric":

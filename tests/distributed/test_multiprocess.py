@@ -83,6 +83,9 @@ RUNS = {
     # sequential sampling: groups of different sizes, ranks training on different numbers of rows (FSDP2's dummy
     # passes), replayed groups of other sizes beside them
     "trainer_seq_dps_replay": ["--callbacks", "seq,dps,replay", "--steps", "4", "--micro-batch-size", "2"],
+    # allocation: a pool of 8 seen again and again, so the prompts' beliefs and allocations differ
+    "trainer_alloc_dps_replay": ["--callbacks", "alloc,dps,replay", "--steps", "4", "--micro-batch-size", "2",
+                                 "--pool", "8", "--batch-size", "8"],
     "trainer_seq_dump": ["--callbacks", "seq", "--steps", "1", "--micro-batch-size", "3", "--dump"],
     "fsdp2_lora_seq_replay": ["--strategy", "fsdp2", "--lora", "--callbacks", "seq,replay", "--steps", "4",
                               "--micro-batch-size", "2"],
@@ -133,7 +136,7 @@ def test_two_ranks_hold_identical_state_and_train_disjoint_halves(runs, name):
 
 @pytest.mark.parametrize("name", ["trainer_dps_replay_ds", "trainer_async_dps_replay_ds", "fabric_async_dots",
                                   "fsdp2_lora_async", "trainer_screen_dps_replay", "trainer_async_screen_dps",
-                                  "trainer_seq_dps_replay", "fsdp2_lora_seq_replay"])
+                                  "trainer_seq_dps_replay", "fsdp2_lora_seq_replay", "trainer_alloc_dps_replay"])
 def test_two_ranks_agree_and_the_rows_they_train_are_the_record_and_never_in_flight(runs, name):
     """The plan, every callback's state and the parameters stay equal on both ranks; what the ranks train together
     is exactly the record's trained batch (dynamic sampling after replay: the kept groups fetched from the rank that
@@ -148,7 +151,7 @@ def test_two_ranks_agree_and_the_rows_they_train_are_the_record_and_never_in_fli
         assert a["plan"] == b["plan"] and a["scheduled"] == b["scheduled"] and a["budget"] == b["budget"]
         assert not set(a["fresh"] + a["replayed"]) & set(b["fresh"] + b["replayed"])
         assert sorted(a["fresh"] + a["replayed"] + b["fresh"] + b["replayed"]) == a["global"]
-    if "seq" in name:  # groups of different sizes: the ranks trained on different numbers of rows at some step
+    if "seq" in name or "alloc" in name:  # groups of different sizes: the ranks trained on different numbers of rows at some step
         assert any(a["completions"] != b["completions"] for a, b in zip(r0["steps"], r1["steps"]))
     for t in range(4 if "async" in name else 0):  # nothing rolled out in a step was in flight during it
         rolled, flying = set(r0["steps"][t]["observed"]), set(r0["steps"][t]["in_flight"])
