@@ -12,7 +12,8 @@ from typing import Any
 #: Every strategy the study knows, in table order.
 STRATEGIES: tuple[str, ...] = (
     "uniform", "dynamic_sampling", "history", "dots", "dots_replay", "dps", "dps_c8", "dps_replay", "dps_cold_start",
-    "mopps", "greso", "screening",
+    "mopps", "greso", "screening", "sequential", "allocation_dps", "allocation_mopps", "allocation_dots",
+    "allocation_dps_cold",
 )
 
 #: ``StudyConfig`` fields read only by ``benchmarks.study.strategies`` (they reach a run through its callbacks'
@@ -20,7 +21,9 @@ STRATEGIES: tuple[str, ...] = (
 STRATEGY_FIELDS: frozenset[str] = frozenset({
     "dps_decay", "dps_candidate_ratio", "mopps_candidate_ratio", "mopps_decay", "greso_target", "dots_alpha",
     "dots_tau", "reference_size", "update_every", "dots_online_steps", "replay_delta", "replay_capacity",
-    "dynamic_max_rounds", "screening_generations", "screening_max_rounds",
+    "dynamic_max_rounds", "screening_generations", "screening_max_rounds", "sequential_initial_generations",
+    "sequential_round_generations", "sequential_max_generations", "allocation_min_generations",
+    "allocation_max_generations", "allocation_budget_ratio", "allocation_granularity", "allocation_min_gain",
 })
 
 #: The skewed pool's settings (:meth:`StudyConfig.skewed`, ``--skewed``).
@@ -121,6 +124,14 @@ class StudyConfig:
     dynamic_max_rounds: int = 10
     screening_generations: int = 2  # ScreeningCallback's initial_generations (of num_generations)
     screening_max_rounds: int = 4
+    sequential_initial_generations: int = 2  # SequentialSamplingCallback: a first round of 2, then rounds of 2
+    sequential_round_generations: int = 2
+    sequential_max_generations: int = 8  # at most uniform's G per prompt
+    allocation_min_generations: int = 2  # AllocationCallback: 2 to 16 per prompt, in steps of 2
+    allocation_max_generations: int = 16
+    allocation_budget_ratio: float = 1.0  # at most uniform's B x G per step
+    allocation_granularity: int = 2
+    allocation_min_gain: float = 0.01
     # -- execution and statistics ----------------------------------------------------------------------------
     jobs: int = 2
     threads: int = 1

@@ -19,6 +19,7 @@ import lightning as L
 
 from benchmarks.study.config import STRATEGIES, StudyConfig
 from lit_rlft.callbacks import (
+    AllocationCallback,
     DifficultyPredictorConfig,
     DOTSCallback,
     DPSCallback,
@@ -28,13 +29,15 @@ from lit_rlft.callbacks import (
     MoPPSCallback,
     ReplayCallback,
     ScreeningCallback,
+    SequentialSamplingCallback,
 )
 
 #: The ``SelectionCallback.name`` each strategy logs its ``<name>/overhead_s`` under (None: no selection callback).
 SELECTION_NAME: dict[str, str | None] = {
     "uniform": None, "dynamic_sampling": None, "history": "history", "dots": "dots", "dots_replay": "dots",
     "dps": "dps", "dps_c8": "dps", "dps_replay": "dps", "dps_cold_start": "dps", "mopps": "mopps", "greso": "greso",
-    "screening": None,
+    "screening": None, "sequential": None, "allocation_dps": "dps", "allocation_mopps": "mopps",
+    "allocation_dots": "dots", "allocation_dps_cold": "dps",
 }
 
 #: Arguments that say where a run keeps files, not what it does: left out of the recorded settings.
@@ -104,6 +107,14 @@ def strategy_specs(name: str, cfg: StudyConfig, seed: int, cache_dir: str = ".ca
       settings as DOTS, charged to the budget).
     - ``screening``: SPEED-RL's screening, ``screening_generations`` completions per candidate, the rest only for
       prompts with both outcomes among them, up to ``screening_max_rounds`` rounds of candidates (all charged).
+    - ``sequential``: Reinforce-Ada's sequential sampling: ``sequential_initial_generations`` per prompt, then rounds
+      of ``sequential_round_generations`` for the prompts without both outcomes, up to
+      ``sequential_max_generations``; groups of different sizes.
+    - ``allocation_dps`` / ``allocation_mopps`` / ``allocation_dots`` / ``allocation_dps_cold``: per-prompt
+      completions within ``allocation_budget_ratio * B * G`` per step (``allocation_min_generations`` to
+      ``allocation_max_generations`` in steps of ``allocation_granularity``, no completion worth less than
+      ``allocation_min_gain`` expected informative groups), from the predictions of ``dps_c8``, ``mopps``,
+      ``dots`` or ``dps_cold_start`` (which choose the prompts as they do alone).
     """
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
@@ -145,8 +156,20 @@ def strategy_specs(name: str, cfg: StudyConfig, seed: int, cache_dir: str = ".ca
     if name == "screening":
         return [CallbackSpec(ScreeningCallback, dict(initial_generations=cfg.screening_generations,
                                                      max_rounds=cfg.screening_max_rounds))]
+    if name == "sequential":
+        return [CallbackSpec(SequentialSamplingCallback, dict(
+            initial_generations=cfg.sequential_initial_generations,
+            round_generations=cfg.sequential_round_generations, max_generations=cfg.sequential_max_generations))]
     cold = DifficultyPredictorConfig(reference_size=cfg.reference_size, update_every=cfg.update_every,
                                      online_steps_per_update=cfg.dots_online_steps, cache_dir=cache_dir)
+    if name.startswith("allocation_"):
+        allocation = CallbackSpec(AllocationCallback, dict(
+            min_generations=cfg.allocation_min_generations, max_generations=cfg.allocation_max_generations,
+            budget_ratio=cfg.allocation_budget_ratio, granularity=cfg.allocation_granularity,
+            min_gain=cfg.allocation_min_gain))
+        base = strategy_specs({"allocation_dps": "dps_c8", "allocation_mopps": "mopps", "allocation_dots": "dots",
+                               "allocation_dps_cold": "dps_cold_start"}[name], cfg, seed, cache_dir)
+        return [allocation, *base]  # the allocation is the first rollout hook
     return [dps(cold)]
 
 

@@ -19,6 +19,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lit_rlft import build_step
 from lit_rlft.callbacks import (
+    AllocationCallback,
     DOTSCallback,
     DPSCallback,
     DynamicSamplingCallback,
@@ -27,6 +28,7 @@ from lit_rlft.callbacks import (
     MoPPSCallback,
     ReplayCallback,
     ScreeningCallback,
+    SequentialSamplingCallback,
 )
 from lit_rlft.core.advantages import group_advantages
 from lit_rlft.step import TorchBackend
@@ -117,6 +119,8 @@ STRATEGIES = {
     "dynamic-sampling": lambda tmp: [DPSCallback(), DynamicSamplingCallback(max_rounds=3)],
     "replay": lambda tmp: [DPSCallback(), ReplayCallback(delta=0.5, capacity=8)],
     "screening": lambda tmp: [DPSCallback(), ScreeningCallback(initial_generations=2, max_rounds=3)],
+    "sequential": lambda tmp: [DPSCallback(), SequentialSamplingCallback(1, 1, 3)],
+    "allocation": lambda tmp: [MoPPSCallback(candidate_ratio=2), AllocationCallback(1, 4, granularity=1, min_gain=0)],
 }
 
 
