@@ -175,19 +175,14 @@ class Rollouts:
         first = parts[0]
         flat = Rollouts.concat(parts)  # every part's groups, padded to the widest
         width = flat.group_size
-        position = {int(pid): b for b, pid in enumerate(first.prompt_ids.tolist())}
-        rows: list[list[int]] = [[] for _ in range(first.num_groups)]
-        offset = 0
-        for part in parts:
-            members = part.member_mask()
-            for j, pid in enumerate(part.prompt_ids.tolist()):
-                if int(pid) not in position:
-                    raise ValueError(f"join: prompt {pid} of a later part is not in the first part")
-                b = offset + j
-                rows[position[int(pid)]].extend((b * width + torch.nonzero(members[j]).flatten()).tolist())
-            offset += part.num_groups
-        longest = max((len(r) for r in rows), default=0)
-        index = torch.tensor([r + [-1] * (longest - len(r)) for r in rows], dtype=torch.long).reshape(-1, longest)
+        where, offsets, longest = _join_layout(first.prompt_ids, [p.prompt_ids for p in parts],
+                                               [p.member_mask() for p in parts])
+        index = torch.full((first.num_groups, longest), -1, dtype=torch.long)  # [B, W] flat rows of `flat`
+        base = 0
+        for part, b, off in zip(parts, where, offsets):
+            j, c = torch.nonzero(part.member_mask(), as_tuple=True)  # the part's real slots
+            index[b[j], off[j] + c] = (base + j) * width + c
+            base += part.num_groups
         out = flat.regroup(index, torch.arange(first.num_groups))
         out.generation_s = sum(p.generation_s for p in parts)
         return out
@@ -318,6 +313,26 @@ class Rollouts:
         )
 
 
+def _join_layout(first_ids: Tensor, ids: list[Tensor], masks: list[Tensor]) -> tuple[list[Tensor], list[Tensor], int]:
+    """Where each part's groups go when joined by prompt (:meth:`Rollouts.join`): for every part, the ``[b_k]`` row of
+    ``first_ids`` ``[B]`` each of its groups joins and the ``[b_k]`` slot its first completion lands in (after the
+    earlier parts' completions of the same prompt); and the widest joined group."""
+    order = torch.argsort(first_ids)
+    sorted_ids = first_ids[order]
+    filled = torch.zeros(len(first_ids), dtype=torch.long)  # [B] completions placed so far
+    where, offsets = [], []
+    for part_ids, mask in zip(ids, masks):
+        pos = torch.searchsorted(sorted_ids, part_ids).clamp(max=max(len(first_ids) - 1, 0))
+        if len(part_ids) and not bool((sorted_ids[pos] == part_ids).all()):
+            missing = part_ids[sorted_ids[pos] != part_ids].tolist()
+            raise ValueError(f"join: prompts {missing} of a later part are not in the first part")
+        b = order[pos]  # [b_k]
+        where.append(b)
+        offsets.append(filled[b].clone())
+        filled[b] += mask.sum(1)
+    return where, offsets, int(filled.max()) if len(filled) else 0
+
+
 def _cat_per_func(dicts: list[dict[str, Tensor]], rewards: list[Tensor]) -> dict[str, Tensor]:
     """Concatenate per-function ``[b, G]`` scores along groups; a part without a function gets NaN rows; parts of
     different widths are padded with NaN to the widest."""
@@ -413,32 +428,23 @@ class OutcomeRecord:
         """The outcomes of each prompt of ``parts[0]`` gathered from every part into one row, in part order (see
         :meth:`Rollouts.join`); the other fields are the first part's."""
         first = parts[0]
-        position = {int(pid): b for b, pid in enumerate(first.prompt_ids.tolist())}
+        masks = [p.member_mask() for p in parts]
+        where, offsets, width = _join_layout(first.prompt_ids, [p.prompt_ids for p in parts], masks)
+        n, nan = first.num_groups, float("nan")
         names = list(dict.fromkeys(k for p in parts for k in p.reward_per_func))
-        nan = float("nan")
-        rewards: list[list[Tensor]] = [[] for _ in range(first.num_groups)]
-        correct: list[list[Tensor]] = [[] for _ in range(first.num_groups)]
-        per_func: dict[str, list[list[Tensor]]] = {k: [[] for _ in range(first.num_groups)] for k in names}
-        for part in parts:
-            members = part.member_mask()
-            for j, pid in enumerate(part.prompt_ids.tolist()):
-                if int(pid) not in position:
-                    raise ValueError(f"join: prompt {pid} of a later part is not in the first part")
-                b, m = position[int(pid)], members[j]
-                rewards[b].append(part.rewards[j][m])
-                correct[b].append(part.correct[j][m])
-                for k in names:
-                    v = part.reward_per_func.get(k)
-                    per_func[k][b].append(v[j][m] if v is not None else torch.full((int(m.sum()),), nan))
-        sizes = [sum(len(x) for x in r) for r in rewards]
-        width = max(sizes, default=0)
-
-        def stack(rows: list[list[Tensor]], value: float) -> Tensor:
-            return torch.stack([pad_to(torch.cat(r), width, value) for r in rows]) if rows else first.rewards[:, :0]
-
-        members = torch.arange(width)[None, :] < torch.tensor(sizes)[:, None]  # [n, W]
-        return replace(first, rewards=stack(rewards, 0.0), correct=stack(correct, False),
-                       reward_per_func={k: stack(v, nan) for k, v in per_func.items()},
+        rewards = torch.zeros(n, width, dtype=first.rewards.dtype)
+        correct = torch.zeros(n, width, dtype=torch.bool)
+        per_func = {k: torch.full((n, width), nan) for k in names}
+        members = torch.zeros(n, width, dtype=torch.bool)
+        for part, mask, b, off in zip(parts, masks, where, offsets):
+            j, c = torch.nonzero(mask, as_tuple=True)
+            dest = (b[j], off[j] + c)
+            rewards[dest] = part.rewards[j, c].to(rewards.dtype)
+            correct[dest] = part.correct[j, c]
+            members[dest] = True
+            for k, v in part.reward_per_func.items():
+                per_func[k][dest] = v[j, c].float()
+        return replace(first, rewards=rewards, correct=correct, reward_per_func=per_func,
                        members=None if bool(members.all()) else members)
 
     def member_mask(self) -> Tensor:
