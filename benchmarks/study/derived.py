@@ -32,6 +32,10 @@ COMPARISONS = (("dps", "dynamic_sampling"), ("dps_c8", "dynamic_sampling"), ("dp
 FINAL_BASELINES = ("dynamic_sampling", "uniform")
 
 
+#: Budget purposes whose completions join the groups they were generated for: the planned batch (``train``) and the
+#: extra completions of sequential sampling and of the allocation (the groups those drop at the end included).
+TRAINING_PURPOSES = ("train", "sequential", "allocation")
+
 def _series_values(run: dict[str, Any], tag: str) -> np.ndarray:
     return np.asarray([v for _, v in run.get("series", {}).get(tag, []) if v is not None], dtype=float)
 
@@ -87,7 +91,8 @@ def run_metrics(run: dict[str, Any], targets: dict[str, float | None]) -> dict[s
     budget = run.get("budget", {})
     by = budget.get("by_purpose", {})
     out["completions"] = budget.get("completions")
-    out["non_train_share"] = (1 - by.get("train", 0) / budget["completions"]) if budget.get("completions") else None
+    trained = sum(by.get(p, 0) for p in TRAINING_PURPOSES)
+    out["non_train_share"] = (1 - trained / budget["completions"]) if budget.get("completions") else None
     return out
 
 

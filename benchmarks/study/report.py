@@ -400,8 +400,9 @@ def results_markdown(cfg: StudyConfig, study: dict[str, Any]) -> str:
         "time + reference rollouts). Not-for-training completions: DOTS / cold-start reference sets "
         f"({cfg.reference_size} prompts x G every {cfg.update_every} steps = "
         f"{cfg.reference_size * cfg.num_generations / cfg.update_every:.0f} completions per step, "
-        f"{cfg.reference_size / cfg.update_every / cfg.batch_size:.0%} of a uniform step) and dynamic sampling's "
-        "discarded rounds.", "",
+        f"{cfg.reference_size / cfg.update_every / cfg.batch_size:.0%} of a uniform step), dynamic sampling's "
+        "discarded rounds and screening's rounds (its kept screening completions included); sequential sampling's "
+        "and the allocation's extra completions count as training (the groups they drop at the end included).", "",
     ]
     sweep_seeds = cfg.seeds[: cfg.sweep_seeds]
     for size in cfg.pool_sizes[1:]:
