@@ -37,7 +37,7 @@ SELECTION_NAME: dict[str, str | None] = {
     "uniform": None, "dynamic_sampling": None, "history": "history", "dots": "dots", "dots_replay": "dots",
     "dps": "dps", "dps_c8": "dps", "dps_replay": "dps", "dps_cold_start": "dps", "mopps": "mopps", "greso": "greso",
     "screening": None, "sequential": None, "allocation_dps": "dps", "allocation_mopps": "mopps",
-    "allocation_dots": "dots", "allocation_dps_cold": "dps",
+    "allocation_dots": "dots", "allocation_dps_cold": "dps", "dps_content_prior": "dps",
 }
 
 #: Arguments that say where a run keeps files, not what it does: left out of the recorded settings.
@@ -115,6 +115,9 @@ def strategy_specs(name: str, cfg: StudyConfig, seed: int, cache_dir: str = ".ca
       ``allocation_max_generations`` in steps of ``allocation_granularity``, no completion worth less than
       ``allocation_min_gain`` expected informative groups), from the predictions of ``dps_c8``, ``mopps``,
       ``dots`` or ``dps_cold_start`` (which choose the prompts as they do alone).
+    - ``dps_content_prior``: ``dps_c8`` whose unseen prompts start from the success rate DOTS' attention predicts from
+      the last ``content_prior_reference_size`` prompts DPS observed (``reference="observed"``: no reference
+      rollouts); the cheap content prior, against ``dps_cold_start``'s rolled-out reference sets.
     """
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
@@ -162,6 +165,11 @@ def strategy_specs(name: str, cfg: StudyConfig, seed: int, cache_dir: str = ".ca
             round_generations=cfg.sequential_round_generations, max_generations=cfg.sequential_max_generations))]
     cold = DifficultyPredictorConfig(reference_size=cfg.reference_size, update_every=cfg.update_every,
                                      online_steps_per_update=cfg.dots_online_steps, cache_dir=cache_dir)
+    if name == "dps_content_prior":
+        observed = DifficultyPredictorConfig(reference_size=cfg.content_prior_reference_size, reference="observed",
+                                             update_every=cfg.update_every,
+                                             online_steps_per_update=cfg.dots_online_steps, cache_dir=cache_dir)
+        return [dps(observed, candidate_ratio=cfg.dps_candidate_ratio)]
     if name.startswith("allocation_"):
         allocation = CallbackSpec(AllocationCallback, dict(
             min_generations=cfg.allocation_min_generations, max_generations=cfg.allocation_max_generations,

@@ -23,6 +23,10 @@ class DifficultyPredictorConfig:
     Args:
         reference_size: ``K`` prompts rolled out under the current policy per reference set (charged to the budget
             as ``budget/completions_reference``).
+        reference: ``rollout``: each reference set is ``K`` prompts drawn uniformly from the pool and rolled out
+            (DOTS); ``observed``: the ``K`` prompts the run observed last, with the outcomes it trained on: no
+            rollouts at all, but a sample chosen by the strategy, not a uniform one, and none before the first step
+            (a cheaper content prior for DPS' cold start).
         update_every: ``mu``: steps between reference sets (and batches drawn per draw).
         calibration: ``linear`` (reference code), ``platt`` (paper) or ``none``.
         temperature_attn: attention temperature.
@@ -36,6 +40,7 @@ class DifficultyPredictorConfig:
     """
 
     reference_size: int = 256
+    reference: Literal["rollout", "observed"] = "rollout"
     update_every: int = 2
     calibration: Literal["linear", "platt", "none"] = "linear"
     temperature_attn: float = 1.0
@@ -51,6 +56,8 @@ class DifficultyPredictorConfig:
             raise ValueError(f"update_every (mu) must be >= 1, got {self.update_every}")
         if self.reference_size < 1:
             raise ValueError(f"reference_size must be >= 1, got {self.reference_size}")
+        if self.reference not in ("rollout", "observed"):
+            raise ValueError(f"reference must be 'rollout' or 'observed', got {self.reference!r}")
 
 
 def build_dots_selector(
@@ -88,17 +95,25 @@ def build_dots_selector(
     ), key
 
 
-def refresh_reference(selector: DOTSSelector, ctx: StepContext, rng: np.random.Generator) -> float:
-    """Roll out a fresh reference set under the current policy and hand its success rates to ``selector``.
+def refresh_reference(selector: DOTSSelector, ctx: StepContext, rng: np.random.Generator,
+                      source: str = "rollout") -> float:
+    """Roll out a fresh reference set under the current policy and hand its success rates to ``selector``
+    (``source="observed"``: the prompts observed last instead, no rollouts; nothing before the first observation).
 
     Returns the Pearson correlation between the difficulties the predictor gave the new reference prompts *before*
     seeing their labels (from the previous reference set) and the measured ones: an out-of-sample check on a
     uniform sample of the pool (NaN for the first set). The Pearson on the selected batch (``dots/pearson``) is
     range-restricted: with a small ``tau`` every selected prompt was predicted near ``alpha``.
     """
-    in_flight = ctx.in_flight
-    ids = selector.reference_ids(rng, in_flight) if in_flight.size else selector.reference_ids(rng)
-    rates = ctx.success_rates(ids, purpose="reference")
+    if source == "observed":
+        latest = selector.latest_observations()
+        if latest is None:
+            return float("nan")
+        ids, rates = latest
+    else:
+        in_flight = ctx.in_flight
+        ids = selector.reference_ids(rng, in_flight) if in_flight.size else selector.reference_ids(rng)
+        rates = ctx.success_rates(ids, purpose="reference")
     r = float("nan")
     if selector.reference is not None:
         r = pearson(selector.predict(ids).double().numpy(), 1.0 - rates)

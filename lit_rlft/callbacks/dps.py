@@ -34,7 +34,9 @@ class DPSCallback(SelectionCallback):
         confusion_every_n_steps: how often the running confusion matrix is written as text.
         cold_start: give never-seen prompts an initial belief from DOTS' predicted success rate ``p`` instead of
             the uniform one: P(unsolved) = (1-p)^G, P(solved) = p^G, the rest partial (not in either paper).
-            Its reference rollouts are charged to the budget.
+            Its reference rollouts are charged to the budget; with ``DifficultyPredictorConfig(reference=
+            "observed")`` there are none: the prompts DPS observed last are the reference set (a content prior
+            that costs no rollouts, from the second step on).
         candidate_ratio: rank a fresh candidate set of ``candidate_ratio * B`` prompts each step (a shuffled epoch
             of the pool, as the reference code's loader), not the whole pool (``None``). The paper's scripts: 8 on
             Countdown, 32 on MATH (which is the whole pool there).
@@ -74,8 +76,10 @@ class DPSCallback(SelectionCallback):
         if self.cold is None:
             return
         if self.cold.needs_reference(step):
-            self._cold_reference_pearson = refresh_reference(self.cold, ctx, self.rng)
+            self._cold_reference_pearson = refresh_reference(self.cold, ctx, self.rng, self.cold_start.reference)
             self._cold_success = None
+        if self.cold.reference is None:  # reference="observed" before anything was observed: no prior yet
+            return
         if self._cold_success is None:  # predicted success rate of every prompt, from the latest reference set
             self._cold_success = 1.0 - self.cold.predict().double().numpy()
         # Re-applied every step: with uninformative transition counts an unseen prompt's belief would otherwise

@@ -256,6 +256,15 @@ class DOTSSelector:
         self._remember(ids, 1.0 - rates)
         self._refill = True
 
+    def latest_observations(self, k: int | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(ids [k], success rates [k])`` of the ``k`` (default ``reference_size``) prompts observed last (newest
+        outcome per prompt), or None before any: a reference set that costs no rollouts (``reference="observed"``)."""
+        if not self._buffer:
+            return None
+        items = list(self._buffer.items())[-(k or self.reference_size):]
+        return (np.array([i for i, _ in items], dtype=np.int64),
+                1.0 - np.array([d for _, d in items], dtype=np.float64))
+
     @property
     def reference(self) -> tuple[np.ndarray, np.ndarray] | None:
         """``(ids [K], difficulties [K])`` of the current reference set, or None before the first."""

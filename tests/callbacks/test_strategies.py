@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -94,6 +95,29 @@ def test_dps_with_dots_cold_start(tmp_path):
     cb.before_select(module.grpo, step=1)
     never_seen = ~cb.strategy.seen
     assert not torch.allclose(torch.as_tensor(cb.strategy.mu_prior[never_seen]), torch.full((1, 3), 1 / 3).double())
+
+
+def test_dps_content_prior_from_observed_prompts_costs_no_rollouts(tmp_path):
+    """reference="observed": the prompts DPS observed last are the reference set; nothing is rolled out for it, the
+    first selection has no prior (nothing observed), and the reference is exactly the last observations."""
+    from lit_rlft.callbacks.difficulty import refresh_reference
+    cold = DifficultyPredictorConfig(reference_size=6, reference="observed", update_every=1,
+                                     online_steps_per_update=1, cache_dir=str(tmp_path / "c"))
+    cb = DPSCallback(cold_start=cold)
+    module, trainer = _fit(tmp_path, [cb], steps=3)
+    assert "reference" not in module.grpo.budget.by_purpose  # no reference rollouts
+    assert module.grpo.budget.completions == 3 * 4 * 4  # the 3 training batches only
+    ids, _ = cb.cold.reference  # set before step 2's selection, from what steps 0-1 observed
+    assert len(ids) == 6 and set(ids.tolist()) <= set(np.flatnonzero(cb.strategy.seen).tolist())
+    refresh_reference(cb.cold, module.grpo, cb.rng, "observed")
+    ids, difficulties = cb.cold.reference
+    latest = cb.cold.latest_observations(6)
+    assert ids.tolist() == latest[0].tolist() and np.allclose(difficulties, 1 - latest[1])
+    cb.before_select(module.grpo, step=3)  # unseen prompts start from the predicted success
+    never_seen = ~cb.strategy.seen
+    assert not torch.allclose(torch.as_tensor(cb.strategy.mu_prior[never_seen]), torch.full((1, 3), 1 / 3).double())
+    with pytest.raises(ValueError, match="reference must be 'rollout' or 'observed'"):
+        DifficultyPredictorConfig(reference="oracle")
 
 
 def test_budget_stop_ends_training_at_equal_cost(tmp_path):
