@@ -27,7 +27,10 @@ from benchmarks.study.stats import crossing, crossing_bracket, mean_interval, ra
 TARGETS = {"accuracy": "val/accuracy/learnable", "train_reward": "train_pool_reward"}
 MEASURES = ("completions", "step", "wall_s")
 #: Extra paired comparisons besides "vs uniform": (strategy, baseline).
-COMPARISONS = (("dps", "dynamic_sampling"), ("dps_c8", "dynamic_sampling"), ("dps_c8", "dps"))
+COMPARISONS = (("dps", "dynamic_sampling"), ("dps_c8", "dynamic_sampling"), ("dps_c8", "dps"),
+               # what the allocation and the content priors add to the strategy they are built on
+               ("allocation_dps", "dps_c8"), ("allocation_mopps", "mopps"), ("allocation_dots", "dots"),
+               ("allocation_dps_cold", "dps_cold_start"), ("dps_cold_start", "dps"), ("dps_content_prior", "dps_c8"))
 #: Baselines of the "completions to reach a baseline's final accuracy" table (the DPS paper's own metric).
 FINAL_BASELINES = ("dynamic_sampling", "uniform")
 
@@ -35,6 +38,7 @@ FINAL_BASELINES = ("dynamic_sampling", "uniform")
 #: Budget purposes whose completions join the groups they were generated for: the planned batch (``train``) and the
 #: extra completions of sequential sampling and of the allocation (the groups those drop at the end included).
 TRAINING_PURPOSES = ("train", "sequential", "allocation")
+
 
 def _series_values(run: dict[str, Any], tag: str) -> np.ndarray:
     return np.asarray([v for _, v in run.get("series", {}).get(tag, []) if v is not None], dtype=float)

@@ -27,7 +27,7 @@ from benchmarks.study.config import StudyConfig
 from benchmarks.study.derived import summarise_pool
 from benchmarks.study.jsonio import read_json
 from benchmarks.study.report import _table, at_marks_rows, baseline_final_lines, results_markdown, settings_lines
-from benchmarks.study.strategies import strategy_settings
+from benchmarks.study.strategies import settings_match, strategy_settings
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS_MD = REPO / "docs" / "results.md"
@@ -76,7 +76,7 @@ def settings_problems(cfg: StudyConfig, study: dict[str, Any]) -> list[str]:
     problems = []
     for r in study["runs"]:
         now = strategy_settings(r["strategy"], cfg, r["seed"])
-        if r.get("callbacks") != now:
+        if not settings_match(r.get("callbacks"), now):
             problems.append(f"{r['run']}: recorded callbacks {r.get('callbacks')} but the study passes {now}")
     return problems
 

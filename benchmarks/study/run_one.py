@@ -22,7 +22,7 @@ from typing import Any
 
 from benchmarks.study.config import RunSpec, StudyConfig
 from benchmarks.study.jsonio import read_json, write_json
-from benchmarks.study.strategies import SELECTION_NAME, strategy_settings
+from benchmarks.study.strategies import SELECTION_NAME, settings_match, strategy_settings
 
 #: Per-step TensorBoard series kept in the run's JSON: exact tags, then tag prefixes.
 SERIES_TAGS = ("effective_ratio", "reward", "time/step_s", "time/generation_s", "budget/completions",
@@ -41,7 +41,7 @@ def is_finished(path: Path, fingerprint: str, callbacks: list[dict[str, Any]] | 
     ``callbacks`` is given, with these callback settings (see :func:`benchmarks.study.study.retire_stale_runs`)."""
     data = read_json(path)
     return (bool(data) and data.get("status") == "ok" and data.get("fingerprint") == fingerprint
-            and (callbacks is None or data.get("callbacks") == callbacks))
+            and (callbacks is None or settings_match(data.get("callbacks"), callbacks)))
 
 
 def select_series(scalars: dict[str, list[tuple[int, float]]], strategy: str) -> dict[str, list[list[float]]]:

@@ -51,6 +51,26 @@ MOPPS_TARGET = 0.5
 MOPPS_PRIOR = (1.0, 1.0)
 
 
+#: Arguments added to a callback (or to its settings' dataclass) after runs were recorded, each with the value that
+#: does what those runs did: a recorded run that lacks one matches a current setting at that value (so adding an
+#: option does not re-run, or mark stale, every run recorded before it).
+ADDED_LATER: dict[str, Any] = {"reference": "rollout"}
+
+
+def settings_match(recorded: Any, now: Any) -> bool:
+    """Whether recorded callback settings equal the current ones, arguments of :data:`ADDED_LATER` that the record
+    lacks counting as their old-behaviour value."""
+    if isinstance(recorded, dict) and isinstance(now, dict):
+        if set(recorded) - set(now):
+            return False
+        if any(k not in ADDED_LATER or now[k] != ADDED_LATER[k] for k in set(now) - set(recorded)):
+            return False
+        return all(settings_match(recorded[k], now[k]) for k in recorded)
+    if isinstance(recorded, list) and isinstance(now, list):
+        return len(recorded) == len(now) and all(settings_match(a, b) for a, b in zip(recorded, now))
+    return recorded == now
+
+
 @dataclass(frozen=True)
 class CallbackSpec:
     """One callback of a strategy: its class and the keyword arguments the study passes (the rest are defaults)."""

@@ -192,3 +192,18 @@ def test_degeneracy_only_measures_without_training_and_judges_against_todays_tar
     strict = pool_degeneracy(StudyConfig(**TINY_STUDY, degenerate_target=1.0), tmp_path, "tiny")["64"]
     assert strict["overall"] == fractions and strict["target"] == 1.0
     assert strict["meets_target"] == (fractions["degenerate"] >= 1.0)
+
+
+def test_an_argument_added_later_at_its_old_behaviour_keeps_recorded_runs_current():
+    from benchmarks.study.strategies import settings_match
+
+    recorded = [{"callback": "DPSCallback", "args": {"decay": 0.5, "cold_start": {"reference_size": 32}}}]
+    now = [{"callback": "DPSCallback", "args": {"decay": 0.5, "cold_start": {"reference_size": 32,
+                                                                             "reference": "rollout"}}}]
+    assert settings_match(recorded, now)
+    now[0]["args"]["cold_start"]["reference"] = "observed"  # a new behaviour: the run is stale
+    assert not settings_match(recorded, now)
+    assert not settings_match(recorded, [{"callback": "DPSCallback", "args": {"decay": 0.5, "new_option": 1,
+                                                                              "cold_start": {"reference_size": 32}}}])
+    assert not settings_match(recorded, [{"callback": "DPSCallback", "args": {"decay": 0.7,
+                                                                              "cold_start": {"reference_size": 32}}}])
