@@ -78,12 +78,12 @@ def test_join_gathers_each_prompts_completions_from_several_calls():
     assert torch.equal(joined.rewards[1], full.rewards[1]) and float(joined.rewards[0, 2]) == 0.0
 
 
-def _grads_and_rows(batch: Rollouts, loss_type: str, micro: int | None = None,
-                    mini: int = 1) -> tuple[dict[str, torch.Tensor], list[int], int]:
+def _grads_and_rows(batch: Rollouts, loss_type: str, micro: int | None = None, mini: int = 1,
+                    **options) -> tuple[dict[str, torch.Tensor], list[int], int]:
     torch.manual_seed(0)
     model = tiny_qwen2(char_tokenizer(), TinyConfig(**TINY_SMALL))
     updater = PolicyUpdater(GRPOLoss(loss_type=loss_type, max_completion_length=6), temperature=1.0,
-                            micro_batch_size=micro, num_mini_batches=mini, max_grad_norm=0.0)
+                            micro_batch_size=micro, num_mini_batches=mini, max_grad_norm=0.0, **options)
     grads: dict[str, torch.Tensor] = {}
     seen: list[int] = []
     model.register_forward_pre_hook(lambda _m, _a, kw: seen.append(kw["input_ids"].shape[0]), with_kwargs=True)
@@ -135,6 +135,17 @@ def test_each_aggregation_over_ragged_groups_is_its_formula_over_the_real_comple
         assert sorted(seen) == [1, 2, 2, 2, 2]
         for name, g in expected.items():
             assert torch.allclose(parts[name], g, rtol=1e-4, atol=1e-7), (loss_type, name)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_packed_passes_and_token_budget_micro_batches_train_the_real_rows_alike(loss_type):
+    batch = ragged_batch()
+    expected = _formula_grads(batch, loss_type)
+    for options in (dict(padding_free=True), dict(micro_batch_tokens=24), dict(micro_batch_tokens=24,
+                                                                              padding_free=True)):
+        got, seen, _ = _grads_and_rows(batch, loss_type, **options)
+        for name, g in expected.items():
+            assert torch.allclose(got[name], g, rtol=1e-4, atol=1e-6), (loss_type, options, name)
 
 
 def test_more_mini_batches_than_real_rows_make_dummy_passes_and_keep_the_step_count():
