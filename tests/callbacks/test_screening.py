@@ -43,6 +43,7 @@ def test_kept_groups_join_their_screening_completions_to_the_rest_and_every_trai
         for b, pid in enumerate(kept_ids):  # rows of group b: its 2 screening completions, then the 2 others
             (ids, _, screened), = [c for c in screening if pid in c[0]]
             s = ids.index(pid)
+            assert keep_mask(screened.rewards[s : s + 1].numpy()).all()  # kept: its screening round was mixed
             assert rollouts.completions[4 * b : 4 * b + 2] == screened.completions[2 * s : 2 * s + 2]
             assert rollouts.completions[4 * b + 2 : 4 * b + 4] == continuation.completions[2 * b : 2 * b + 2]
             assert torch.equal(rollouts.rewards[b], torch.cat([screened.rewards[s], continuation.rewards[b]]))
