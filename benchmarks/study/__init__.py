@@ -24,8 +24,8 @@ Design of the full study (``StudyConfig()`` defaults)
   256-prompt subset of the pool, 4 samples each at T=1. Degeneracy of each pool under the warm start (1,024
   prompts x G=8): 58-64% of groups all-correct or all-wrong in the checks so far (pools 1000 and 4000), which meets
   the issue's "at least half" without 5-number problems (``--five-numbers`` adds them).
-- Runs: main comparison at pool 4,000 with seeds 0, 1, 2 (18 strategies x 3 = 54 runs); the multi-epoch setting at
-  pool 1,000 with the 7 strategies of ``SWEEP_STRATEGIES`` and the same seeds (21 runs); 75 runs, two side by side
+- Runs: main comparison at pool 4,000 with seeds 0, 1, 2 (19 strategies x 3 = 57 runs); the multi-epoch setting at
+  pool 1,000 with the 7 strategies of ``SWEEP_STRATEGIES`` and the same seeds (21 runs); 78 runs, two side by side
   (one thread each). ``--skewed`` runs the same on the skewed pool (``StudyConfig.skewed()``).
 - Budget: 38,400 completions per run, every purpose counted (= 150 uniform steps of B=32 x G=8). DOTS and the
   cold start spend 64 of every 320 completions on reference sets (32 prompts x G=8 every 4 steps), so 120 steps;
@@ -39,7 +39,7 @@ Design of the full study (``StudyConfig()`` defaults)
 
 Time: see ``docs/results.md`` for the measured wall time of the full study (about 2 h 20 min for 54 runs with two
 jobs on the 2-core machine, about 2.6 min per run and job). ``--quick`` took about 14 minutes from a fresh clone with
-11 strategies (pool 1,000, 12,288 completions, 300 held-out prompts, the warm start included); with 18 it runs 18
+11 strategies (pool 1,000, 12,288 completions, 300 held-out prompts, the warm start included); with 19 it runs 19
 runs, proportionally longer (not re-measured).
 """
 

@@ -13,7 +13,7 @@ from typing import Any
 STRATEGIES: tuple[str, ...] = (
     "uniform", "dynamic_sampling", "history", "dots", "dots_replay", "dps", "dps_c8", "dps_replay", "dps_cold_start",
     "mopps", "greso", "screening", "sequential", "allocation_dps", "allocation_mopps", "allocation_dots",
-    "allocation_dps_cold", "dps_content_prior",
+    "allocation_dps_cold", "dps_content_prior", "allocation_dots_broad",
 )
 
 #: ``StudyConfig`` fields read only by ``benchmarks.study.strategies`` (they reach a run through its callbacks'
@@ -24,7 +24,7 @@ STRATEGY_FIELDS: frozenset[str] = frozenset({
     "dynamic_max_rounds", "screening_generations", "screening_max_rounds", "sequential_initial_generations",
     "sequential_round_generations", "sequential_max_generations", "allocation_min_generations",
     "allocation_max_generations", "allocation_budget_ratio", "allocation_granularity", "allocation_min_gain",
-    "content_prior_reference_size",
+    "content_prior_reference_size", "broad_dots_tau",
 })
 
 #: The skewed pool's settings (:meth:`StudyConfig.skewed`, ``--skewed``).
@@ -133,6 +133,7 @@ class StudyConfig:
     allocation_budget_ratio: float = 1.0  # at most uniform's B x G per step
     allocation_granularity: int = 2
     allocation_min_gain: float = 0.01
+    broad_dots_tau: float = 100.0  # allocation_dots_broad: DOTS' selection temperature, so high its choice is uniform
     content_prior_reference_size: int = 256  # dps_content_prior: the last 256 observed prompts (8 steps of B=32)
     # -- execution and statistics ----------------------------------------------------------------------------
     jobs: int = 2

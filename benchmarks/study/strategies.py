@@ -38,6 +38,7 @@ SELECTION_NAME: dict[str, str | None] = {
     "dps": "dps", "dps_c8": "dps", "dps_replay": "dps", "dps_cold_start": "dps", "mopps": "mopps", "greso": "greso",
     "screening": None, "sequential": None, "allocation_dps": "dps", "allocation_mopps": "mopps",
     "allocation_dots": "dots", "allocation_dps_cold": "dps", "dps_content_prior": "dps",
+    "allocation_dots_broad": "dots",
 }
 
 #: Arguments that say where a run keeps files, not what it does: left out of the recorded settings.
@@ -135,6 +136,9 @@ def strategy_specs(name: str, cfg: StudyConfig, seed: int, cache_dir: str = ".ca
       ``allocation_max_generations`` in steps of ``allocation_granularity``, no completion worth less than
       ``allocation_min_gain`` expected informative groups), from the predictions of ``dps_c8``, ``mopps``,
       ``dots`` or ``dps_cold_start`` (which choose the prompts as they do alone).
+    - ``allocation_dots_broad``: the allocation from DOTS' predictions, with DOTS' selection temperature
+      ``broad_dots_tau`` so high that it picks prompts uniformly: Knapsack RL's setting (the sampler's batch as it
+      comes, the completions moved between its prompts), with DOTS' reference sets as the predictor.
     - ``dps_content_prior``: ``dps_c8`` whose unseen prompts start from the success rate DOTS' attention predicts from
       the last ``content_prior_reference_size`` prompts DPS observed (``reference="observed"``: no reference
       rollouts); the cheap content prior, against ``dps_cold_start``'s rolled-out reference sets.
@@ -142,8 +146,9 @@ def strategy_specs(name: str, cfg: StudyConfig, seed: int, cache_dir: str = ".ca
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
 
-    def dots() -> CallbackSpec:
-        return CallbackSpec(DOTSCallback, dict(alpha=cfg.dots_alpha, tau=cfg.dots_tau, reference_size=cfg.reference_size,
+    def dots(tau: float | None = None) -> CallbackSpec:
+        return CallbackSpec(DOTSCallback, dict(alpha=cfg.dots_alpha, tau=cfg.dots_tau if tau is None else tau,
+                                               reference_size=cfg.reference_size,
                                                update_every=cfg.update_every,
                                                online_steps_per_update=cfg.dots_online_steps, cache_dir=cache_dir,
                                                seed=seed))
@@ -195,6 +200,8 @@ def strategy_specs(name: str, cfg: StudyConfig, seed: int, cache_dir: str = ".ca
             min_generations=cfg.allocation_min_generations, max_generations=cfg.allocation_max_generations,
             budget_ratio=cfg.allocation_budget_ratio, granularity=cfg.allocation_granularity,
             min_gain=cfg.allocation_min_gain))
+        if name == "allocation_dots_broad":
+            return [allocation, dots(tau=cfg.broad_dots_tau)]
         base = strategy_specs({"allocation_dps": "dps_c8", "allocation_mopps": "mopps", "allocation_dots": "dots",
                                "allocation_dps_cold": "dps_cold_start"}[name], cfg, seed, cache_dir)
         return [allocation, *base]  # the allocation is the first rollout hook

@@ -103,9 +103,9 @@ def test_study_config_runs_and_quick():
     assert RunSpec("history", 1000, 0).name not in names
     assert StudyConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
     default = StudyConfig()
-    assert len(default.runs()) == 18 * 3 + 7 * 3  # the study's design: 75 runs
+    assert len(default.runs()) == 19 * 3 + 7 * 3  # the study's design: 78 runs
     quick = StudyConfig.quick()
-    assert len(quick.runs()) == 18 and quick.budget_completions < cfg.budget_completions
+    assert len(quick.runs()) == 19 and quick.budget_completions < cfg.budget_completions
     with pytest.raises(ValueError, match="unknown strategies"):
         StudyConfig(strategies=["nope"])
 
