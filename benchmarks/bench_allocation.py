@@ -13,7 +13,9 @@ What each allocator does per step besides generating:
   (``spread_probabilities``: a ``[B, 3] @ [3, n_max + 1]`` product, Beta moments, or DOTS' predictions), then
   :func:`~lit_rlft.selection.allocation.allocate` (a sort of ``B x (n_max - n_min) / granularity`` gains);
 - ``SequentialSamplingCallback``: per round, each group's size and spread (``OutcomeRecord.join`` of the rounds);
-- both: ``Rollouts.join`` of the rounds' completions into groups of different sizes.
+- both: ``Rollouts.join`` of the rounds' completions into groups of different sizes;
+- ``ScreeningCallback``: each round's spread filter, the records' concatenation and the kept groups' completion
+  (``extend_groups``).
 """
 
 from __future__ import annotations
@@ -93,6 +95,26 @@ def sequential_rounds(batch: int):
     return step
 
 
+def screening_surgery(batch: int):
+    """``() -> None``: screening's bookkeeping for one step of ``batch`` prompts: 4 rounds of ``batch`` candidates
+    with 2 completions each filtered by spread, the kept ones' records joined, and the kept groups completed with 6
+    more (``extend_groups``)."""
+    from lit_rlft.core.advantages import keep_mask
+
+    rounds = [_rollouts(np.arange(k * batch, (k + 1) * batch), 2) for k in range(4)]
+    records = [OutcomeRecord.from_rollouts(r) for r in rounds]
+
+    def step() -> None:
+        kept = [r.select_groups(torch.from_numpy(np.flatnonzero(keep_mask(rec.rewards.numpy()))))
+                for r, rec in zip(rounds, records)]
+        OutcomeRecord.concat(records)
+        screened = Rollouts.concat(kept)
+        more = _rollouts(screened.prompt_ids.numpy(), 6)
+        screened.extend_groups(more)
+
+    return step
+
+
 def tiny_step_seconds(repeats: int = 5) -> float:
     """Median wall time of a tiny-policy GRPO step of the demo's shape (B=32, G=8, 16 tokens) on this machine."""
     from lit_rlft import CountdownTask, GenerationConfig, GRPOConfig, OptimConfig, PromptDataModule, build_step
@@ -140,6 +162,10 @@ def test_sequential_rounds_b256(benchmark):
     benchmark.pedantic(sequential_rounds(256), rounds=10, iterations=1, warmup_rounds=1)
 
 
+def test_screening_surgery_b256(benchmark):
+    benchmark.pedantic(screening_surgery(256), rounds=10, iterations=1, warmup_rounds=1)
+
+
 if __name__ == "__main__":
     torch.set_num_threads(2)
     step_s = tiny_step_seconds()
@@ -148,6 +174,7 @@ if __name__ == "__main__":
         for kind in ("dps", "mopps", "dots"):
             rows.append((f"allocation ({kind}), pool {S:,}, B={batch}", _median_s(allocation_decision(kind, batch))))
         rows.append((f"sequential sampling's rounds, B={batch}", _median_s(sequential_rounds(batch), rounds=10)))
+        rows.append((f"screening's rounds and completion, B={batch}", _median_s(screening_surgery(batch), rounds=10)))
         rows.append((f"Rollouts.join of the rounds (allocation's surgery), B={batch}",
                      _median_s(lambda b=batch: Rollouts.join([_rollouts(np.arange(b), 2),
                                                               _rollouts(np.arange(b // 2), 6)]), rounds=10)))
