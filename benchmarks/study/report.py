@@ -6,6 +6,7 @@ import inspect
 from typing import Any
 
 from benchmarks.study.config import StudyConfig
+from benchmarks.study.strategies import settings_match
 
 DASH = "–"
 #: Stands for "the run's own seed" in recorded callback settings.
@@ -202,9 +203,11 @@ def recorded_settings(runs: list[dict[str, Any]], strategy: str) -> list[dict[st
         found.append(normalised)
     if not found:
         return None
-    if any(f != found[0] for f in found):
+    # runs recorded before an argument was added lack it (strategies.ADDED_LATER): the fullest record stands for all
+    fullest = next((f for f in found if all(settings_match(g, f) for g in found)), None)
+    if fullest is None:
         raise ValueError(f"the runs of {strategy!r} recorded different callback settings")
-    return found[0]
+    return fullest
 
 
 def settings_lines(study: dict[str, Any]) -> list[str]:
