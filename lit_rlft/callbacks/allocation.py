@@ -87,14 +87,12 @@ class AllocationCallback(RolloutHook, StepCallback):
     def on_rollouts(self, ctx: StepContext, rollouts: Rollouts,
                     record: OutcomeRecord) -> tuple[Rollouts, OutcomeRecord]:
         check_first_hook(type(self).__name__, rollouts, record, self.initial_generations)
-        if self._predictor is None:
-            self.setup_step(ctx)
         n, spread = self.allocation(ctx, record.prompt_ids.numpy())
         local, more = more_completions(ctx, record, n - self.min_generations, self.prefix)
         joined = OutcomeRecord.join([record, *more])
-        batch, out, train = train_on_spread(ctx, type(self).__name__, Rollouts.join([rollouts, *local]), joined,
-                                            self.keep_unresolved)
         _, mixed = sizes_and_spread(joined)
+        batch, out, _ = train_on_spread(ctx, type(self).__name__, Rollouts.join([rollouts, *local]), joined, mixed,
+                                        self.keep_unresolved)
         ctx.log({
             f"{self.prefix}/mean_generations": float(n.mean()),
             f"{self.prefix}/max_generations": float(n.max()),

@@ -61,18 +61,17 @@ def more_completions(ctx: StepContext, record: OutcomeRecord, extra: np.ndarray,
     return parts, records
 
 
-def train_on_spread(ctx: StepContext, name: str, batch: Rollouts, joined: OutcomeRecord,
+def train_on_spread(ctx: StepContext, name: str, batch: Rollouts, joined: OutcomeRecord, spread: np.ndarray,
                     keep_unresolved: bool) -> tuple[Rollouts, OutcomeRecord, np.ndarray]:
     """Keep the groups with a reward spread (all, with ``keep_unresolved``), at least one per rank (a rank with none
     trains on its first group, which has no gradient, so that it still joins the update).
 
     ``batch`` is this rank's slice of the planned batch (its groups complete), ``joined`` the global record of the
-    same groups (rank-major). Returns this rank's trained groups, the step's record (trained groups first, in global
+    same groups (rank-major), ``spread`` ``[B]`` whether each has a reward spread (:func:`sizes_and_spread`). Returns this rank's trained groups, the step's record (trained groups first, in global
     order, then the others, not trained) and the ``[B]`` train flags."""
     coll = ctx.collective
     world, rank = coll.world_size, coll.rank
     per_rank = joined.num_groups // world
-    _, spread = sizes_and_spread(joined)
     train = spread | keep_unresolved
     for q in range(world):
         if not train[q * per_rank : (q + 1) * per_rank].any():

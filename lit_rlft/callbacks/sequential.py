@@ -84,9 +84,9 @@ class SequentialSamplingCallback(RolloutHook, StepCallback):
             records += more
             joined = OutcomeRecord.join(records)
             rounds += 1
-        batch, out, train = train_on_spread(ctx, type(self).__name__, Rollouts.join(parts), joined,
-                                            self.keep_unresolved)
         sizes, spread = sizes_and_spread(joined)
+        batch, out, train = train_on_spread(ctx, type(self).__name__, Rollouts.join(parts), joined, spread,
+                                            self.keep_unresolved)
         ctx.log({
             f"{self.prefix}/rounds": float(rounds),
             f"{self.prefix}/resolved_groups": float(spread.sum()),

@@ -18,8 +18,7 @@ under a strategy's belief about the prompt's success rate ``p``:
 ``sum_i f_i(n_i)``, the expected number of informative groups, subject to ``sum_i n_i <= budget``, and spends no
 completion whose gain in expected informative groups is below ``min_gain``. ``f`` grows with ``n`` by ever smaller
 steps for ``n >= 1`` (``f(n+1) - f(n) = E[p^n (1-p) + (1-p)^n p]``, decreasing in ``n``), so taking the largest
-per-completion gains first is optimal: one ``np.argpartition`` over the ``K x (n_max - n_min) / granularity``
-gains. What it does: prompts believed always solved or never solved get ``n_min``; completions go where a few more
+per-completion gains first is optimal: one sort of the ``K x (n_max - n_min) / granularity`` gains. What it does: prompts believed always solved or never solved get ``n_min``; completions go where a few more
 most raise the chance of a spread (success rates near 0.1 or 0.9 get more than 0.5, which shows both outcomes
 early).
 """

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from lit_rlft import DynamicSamplingCallback, ReplayCallback, SequentialSamplingCallback
 from lit_rlft.core.advantages import keep_mask
@@ -59,12 +58,20 @@ def test_keep_unresolved_trains_every_planned_prompt():
 def test_replay_after_sequential_sampling_mixes_groups_of_different_sizes():
     outs = _loop(_step(depth=0), [SequentialSamplingCallback(1, 1, 4), ReplayCallback(delta=0.5, capacity=16)],
                  steps=4, size=48, batch_size=8)
-    replayed = [o for o in outs if bool(o.rollouts.is_replay.any())]
-    assert replayed
-    for out in replayed:
+    trained: dict[int, tuple[list[float], int]] = {}  # prompt id -> (rewards, size) when it was trained fresh
+    replayed = 0
+    for out in outs:
         r = out.rollouts
-        assert r.members is not None or len(set(r.group_sizes.tolist())) == 1
-        assert torch.isfinite(torch.tensor(out.metrics["loss"]))
+        sizes = r.group_sizes.tolist()
+        for b, pid in enumerate(r.prompt_ids.tolist()):
+            rewards = r.rewards[b, : sizes[b]].tolist()
+            if bool(r.is_replay[b]):  # a replayed group comes back with its own size and rewards
+                assert trained[pid] == (rewards, sizes[b]), pid
+                replayed += 1
+            else:
+                trained[pid] = (rewards, sizes[b])
+        assert len(r.completions) == r.num_groups * r.group_size and np.isfinite(out.metrics["loss"])
+    assert replayed and any(o.rollouts.members is not None and bool(o.rollouts.is_replay.any()) for o in outs)
 
 
 def test_sequential_sampling_refuses_what_it_cannot_do():
