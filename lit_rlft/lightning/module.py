@@ -43,7 +43,7 @@ class GRPOModule(L.LightningModule):
         dtype: Literal["float32", "bfloat16", "float16"] = "float32",
         lora: LoRAConfig | None = None,
         engine: RolloutEngine | None = None,
-        reward_funcs: list[RewardFunc] | None = None,
+        reward_funcs: list[str | RewardFunc] | None = None,
         reward_weights: list[float] | None = None,
         reward_timeout_s: float | None = 10.0,
         reward_workers: int | None = None,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 #: Printable ASCII plus newline: enough for arithmetic, Countdown and simple templates.
@@ -51,12 +51,33 @@ class TinyConfig:
 def tiny_qwen2(tokenizer: PreTrainedTokenizerFast, config: TinyConfig | None = None) -> Qwen2ForCausalLM:
     """A freshly initialised small Qwen2 causal LM sized for ``tokenizer`` (seeded, deterministic)."""
     cfg = config or TinyConfig()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        model = Qwen2ForCausalLM(_qwen2_config(tokenizer, cfg))
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def tiny_reward_model(tokenizer: PreTrainedTokenizerFast, config: TinyConfig | None = None,
+                      num_labels: int = 1) -> Qwen2ForSequenceClassification:
+    """A freshly initialised small Qwen2 sequence classifier (a reward model: ``num_labels=1``), seeded; its
+    ``pad_token_id`` is the tokenizer's, as a batched forward needs."""
+    cfg = config or TinyConfig()
+    qcfg = _qwen2_config(tokenizer, cfg)
+    qcfg.num_labels = num_labels
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        return Qwen2ForSequenceClassification(qcfg)
+
+
+def _qwen2_config(tokenizer: PreTrainedTokenizerFast, cfg: TinyConfig) -> Qwen2Config:
     if cfg.hidden_size != cfg.num_attention_heads * cfg.head_dim:
         raise ValueError(
             f"TinyConfig: hidden_size ({cfg.hidden_size}) must equal num_attention_heads * head_dim "
             f"({cfg.num_attention_heads} * {cfg.head_dim})"
         )
-    qcfg = Qwen2Config(
+    return Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=cfg.hidden_size,
         num_hidden_layers=cfg.num_hidden_layers,
@@ -71,12 +92,6 @@ def tiny_qwen2(tokenizer: PreTrainedTokenizerFast, config: TinyConfig | None = N
         pad_token_id=tokenizer.pad_token_id,
         use_sliding_window=False,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
-        model = Qwen2ForCausalLM(qcfg)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    return model
 
 
 def save_tiny_policy(out_dir: str | Path, config: TinyConfig | None = None) -> Path:

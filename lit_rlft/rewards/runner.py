@@ -5,6 +5,11 @@ Training must go on when a reward function misbehaves on one completion, so the 
 its own, in worker processes (:mod:`lit_rlft.rewards.pool`): a completion whose scoring raises, runs past
 ``timeout_s`` or gives None / NaN / inf scores the fallback (0) alone and is counted. A function that returns the
 wrong number of scores, or a non-number, breaks the contract itself and raises ``ValueError``.
+
+Reward models, LLM judges and remote scorers (:class:`~lit_rlft.rewards.batched.BatchedReward`) are scored the other
+way: over the whole batch (or each group) in this process, each in a thread of its own while the rule rewards'
+workers run, so that several scorers cost the slowest of them, not their sum. Their per-completion failures
+(:class:`~lit_rlft.rewards.batched.Failure`) are counted like the rule rewards' ones.
 """
 
 from __future__ import annotations
@@ -16,12 +21,14 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
+from lit_rlft.rewards.batched import Failure, ScoreCache, is_batched, score_batched
 from lit_rlft.rewards.pool import CONTRACT, ERROR, OK, TIMEOUT, Task, TaskResult, WorkerPool, score_task, split_rows
 
 __all__ = ["RewardFunc", "RewardResult", "RewardRunner", "resolve_reward", "reward_name"]
@@ -117,12 +124,20 @@ def resolve_reward(obj: Any) -> Callable[..., Sequence[Any]]:
     - a path naming a class (``"lit_rlft.rewards.CountdownReward"``) or a class: instantiated without arguments;
     - a path naming a module (``"lit_rlft.rewards.countdown"``): its ``countdown_reward`` function;
     - ``{"class_path": "lit_rlft.rewards.CountdownReward", "init_args": {"format_reward": 0.1}}``: instantiated.
+    - TRL's convention: a string that names a directory (``runs/rm``), or that is not a dotted path but looks like a
+      hub id (``org/name``), loads a sequence-classification reward model
+      (:class:`~lit_rlft.rewards.model.RewardModel` with its defaults).
 
     Raises:
         ValueError: the path, or what it names, does not resolve to a callable (the message names the path).
     """
     if isinstance(obj, str):
-        return _instantiate(_import_longest_prefix(obj.strip()), obj)
+        text = obj.strip()
+        if _names_reward_model(text):
+            from lit_rlft.rewards.model import RewardModel
+
+            return RewardModel(text)
+        return _instantiate(_import_longest_prefix(text), obj)
     if isinstance(obj, Mapping):
         if "class_path" not in obj:
             raise ValueError(f"a reward given as a mapping needs a 'class_path' key, got keys {sorted(obj)}")
@@ -133,6 +148,14 @@ def resolve_reward(obj: Any) -> Callable[..., Sequence[Any]]:
     if callable(obj):
         return obj
     raise ValueError(f"a reward must be a callable or a dotted path, got {type(obj).__name__}: {obj!r}")
+
+
+def _names_reward_model(text: str) -> bool:
+    """Whether a reward string names a reward model (TRL's convention) rather than a dotted path: a directory, or
+    ``org/name`` (a hub id; dotted paths have no ``/``)."""
+    from pathlib import Path
+
+    return "/" in text or Path(text).expanduser().is_dir()
 
 
 def _unique_names(funcs: Sequence[Callable[..., Any]]) -> list[str]:
@@ -205,9 +228,18 @@ class RewardRunner:
         self.fallback = float(fallback)
         self.warn_interval_s = float(warn_interval_s)
         self.report = report
+        self.batched: list[int] = [i for i, f in enumerate(self.funcs) if is_batched(f)]
+        """Indices of the functions scored over the batch in this process (reward models, judges, remote)."""
+        self.isolated: list[int] = [i for i in range(len(self.funcs)) if i not in self.batched]
+        """Indices of the rule rewards, scored one completion at a time (in worker processes with ``timeout_s``)."""
+        self.caches: dict[int, ScoreCache] = {
+            i: ScoreCache(int(getattr(self.funcs[i], "cache_size", 100_000)))
+            for i in self.batched if getattr(self.funcs[i], "cacheable", False)}
         self.pool: WorkerPool | None = (
-            None if timeout_s is None else WorkerPool(self.funcs, timeout_s, num_workers, start_method)
+            None if timeout_s is None or not self.isolated
+            else WorkerPool([self.funcs[i] for i in self.isolated], timeout_s, num_workers, start_method)
         )
+        self._threads: ThreadPoolExecutor | None = None
         self.totals: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
         """Cumulative counters over all calls: num_calls, num_errors, num_timeouts, num_unscored."""
         self._unreported: dict[str, int] = dict.fromkeys(("num_scorings", *_COUNTERS[1:]), 0)
@@ -274,17 +306,34 @@ class RewardRunner:
         return [int(v) % 2**63 for v in states]
 
     def _run(self, tasks: list[Task]) -> list[TaskResult]:
+        """Score rule-reward tasks (``task.func`` indexes :attr:`isolated`)."""
         if self.pool is not None:
             return self.pool.run(tasks)
-        return [score_task(self.funcs[task.func], task) for task in tasks]
+        return [score_task(self.funcs[self.isolated[task.func]], task) for task in tasks]
 
-    def __call__(self, completions: Sequence[str], columns: Mapping[str, Any] | None = None) -> RewardResult:
+    def _start_batched(self, completions: list[str], columns: dict[str, Any],
+                       group_size: int | None) -> dict[int, Future | list[Any]]:
+        """Start the batched rewards: each in a thread of its own when anything else runs beside it (the rule rewards'
+        workers or another batched reward), inline otherwise."""
+        def job(f: int) -> list[Any]:
+            return score_batched(self.funcs[f], completions, columns, group_size, self.caches.get(f))
+
+        if len(self.batched) == 1 and not self.isolated:
+            return {self.batched[0]: job(self.batched[0])}
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(max_workers=len(self.batched), thread_name_prefix="lit_rlft-reward")
+        return {f: self._threads.submit(job, f) for f in self.batched}
+
+    def __call__(self, completions: Sequence[str], columns: Mapping[str, Any] | None = None, *,
+                 group_size: int | None = None) -> RewardResult:
         """Score ``N`` completions.
 
         Args:
             completions: ``N`` generated texts.
             columns: data set fields as lists aligned with ``completions`` (``answer``, ``prompts``...), passed to
-                every function as keyword arguments (one-element lists, one completion per call).
+                every function as keyword arguments (rule rewards: one-element lists, one completion per call;
+                batched rewards: the whole lists). ``completion_ids`` (token ids) goes to batched rewards only.
+            group_size: completions per prompt, consecutive (``G``); needed by group-level rewards.
 
         Raises:
             ValueError: a function broke its contract (a number of scores other than one per completion, or a
@@ -294,16 +343,25 @@ class RewardRunner:
         columns = dict(columns or {})
         n = len(completions)
         self._check_columns(n, columns)
-        rows = split_rows(columns, n)
-        seeds = self._task_seeds(len(self.funcs) * n)
-        tasks = [Task(f, completions[i], rows[i], seeds[f * n + i]) for f in range(len(self.funcs)) for i in range(n)]
-        outcomes = self._run(tasks)
+        started = self._start_batched(completions, columns, group_size) if self.batched else {}
+        rule_columns = {k: v for k, v in columns.items() if k != "completion_ids"}
+        rows = split_rows(rule_columns, n)
+        seeds = self._task_seeds(len(self.isolated) * n)
+        tasks = [Task(j, completions[i], rows[i], seeds[j * n + i]) for j in range(len(self.isolated))
+                 for i in range(n)]
+        try:
+            outcomes = self._run(tasks) if tasks else []
+        finally:
+            batched = {f: r.result() if isinstance(r, Future) else r for f, r in started.items()}
+        per_func: dict[int, list[TaskResult]] = {f: outcomes[j * n:(j + 1) * n] for j, f in enumerate(self.isolated)}
+        for f, scores in batched.items():
+            per_func[f] = [_as_result(s) for s in scores]
         result = RewardResult(total=torch.zeros(n, dtype=torch.float32))
         examples: dict[str, str] = {}
         for f, (name, weight) in enumerate(zip(self.names, self.weights)):
             scores = []
             for i in range(n):
-                outcome = outcomes[f * n + i]
+                outcome = per_func[f][i]
                 if outcome.outcome == CONTRACT:
                     raise ValueError(f"reward function {name!r} {outcome.value} (it must return one score per "
                                      "completion: a float, or None for 'cannot score')")
@@ -311,7 +369,11 @@ class RewardRunner:
                     scores.append(outcome.value)
                     continue
                 scores.append(self.fallback)
-                if outcome.outcome == ERROR:
+                if isinstance(outcome.value, Failure):
+                    failure = outcome.value
+                    kind, example = failure.counter, failure.message
+                    examples.setdefault(failure.kind, f"reward {name!r}: {example}")
+                elif outcome.outcome == ERROR:
                     kind, example = "num_errors", f"raised {outcome.value}"
                     examples.setdefault("error", f"reward function {name!r} {example}")
                 elif outcome.outcome == TIMEOUT:
@@ -342,6 +404,16 @@ class RewardRunner:
         """
         if self.pool is not None:
             self.pool.close()
+        if self._threads is not None:
+            self._threads.shutdown(wait=True)
+            self._threads = None
+        for f in self.batched:
+            self.funcs[f].close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_threads"] = None  # a thread pool does not cross processes; the copy starts its own
+        return state
 
     def __enter__(self) -> RewardRunner:
         return self
@@ -352,7 +424,16 @@ class RewardRunner:
     def __repr__(self) -> str:
         funcs = ", ".join(f"{name}*{weight:g}" for name, weight in zip(self.names, self.weights))
         workers = "inline" if self.pool is None else f"{self.pool.num_workers} processes"
+        if self.batched:
+            workers += f", {len(self.batched)} batched"
         return f"RewardRunner([{funcs}], timeout_s={self.timeout_s}, {workers})"
+
+
+def _as_result(score: Any) -> TaskResult:
+    """A batched reward's score for one completion as a task result (a :class:`Failure` kept as the value)."""
+    if isinstance(score, Failure):
+        return TaskResult(ERROR, score)
+    return TaskResult(OK, score)
 
 
 def _is_rank_zero() -> bool:

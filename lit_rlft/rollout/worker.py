@@ -91,7 +91,12 @@ class RolloutWorker:
         columns = {k: [v for v in vals for _ in range(G)] for k, vals in source.reward_columns(ids, split).items()}
         # tokens of each completion, for length-aware rewards (DAPO's soft overlong punishment)
         columns.setdefault("completion_length", out.completion_mask.sum(-1).tolist())
-        scored = self.rewards(texts, columns)
+        if getattr(self.rewards, "batched", None):  # reward models, judges, remote scorers: token ids, whole groups
+            lengths = out.completion_mask.sum(-1).tolist()
+            columns["completion_ids"] = [row[:n] for row, n in zip(out.completion_ids.tolist(), lengths)]
+            scored = self.rewards(texts, columns, group_size=G)
+        else:
+            scored = self.rewards(texts, columns)
         rewards = scored.total.view(len(ids), G)  # [B, G]
         p_tok, p_mask = left_pad(prompts, self.tokenizer.pad_token_id)  # [B, P] each
         rollouts = Rollouts(

@@ -64,7 +64,7 @@ class GRPOConfig:
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     lora: LoRAConfig | None = None
     engine: RolloutEngine | None = None
-    reward_funcs: list[RewardFunc] = field(default_factory=list)
+    reward_funcs: list[str | RewardFunc] = field(default_factory=list)
     reward_weights: list[float] | None = None
     reward_timeout_s: float | None = 10.0
     reward_workers: int | None = None

@@ -3,7 +3,8 @@
 A reward function that raises, runs past its bound or gives no finite score on one completion scores the fallback
 (0) for that completion alone (see :class:`~lit_rlft.rewards.runner.RewardRunner`). The step gathers each rank's
 counts with the outcome record, so the totals (``rewards/num_errors``, ``rewards/num_timeouts``,
-``rewards/num_unscored``, checkpointed) and the console warning cover every rank, not only rank 0's.
+``rewards/num_unscored``, and per reward ``rewards/<name>/num_errors``... once it has failed; checkpointed) and the
+console warning cover every rank, not only rank 0's.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class RewardFailureLog:
             for name, counts in part.get("functions", {}).items():
                 for kind, n in counts.items():
                     self.totals[kind] = self.totals.get(kind, 0) + int(n)
+                    self.totals[f"{name}/{kind}"] = self.totals.get(f"{name}/{kind}", 0) + int(n)  # per reward
                     self._pending[(rank, name, kind)] += int(n)
                 example = part.get("examples", {}).get(name)
                 if example:

@@ -62,3 +62,16 @@ def coin_reward_raising_on_rank_1(completions: list[str], **columns: Any) -> lis
     if rank() == 1:
         raise ValueError("cannot parse this completion")
     return coin_reward(completions, **columns)
+
+
+class TinyRewardModel:
+    """A seeded tiny sequence-classification reward model (the same weights in every process), as a reward."""
+
+    def __new__(cls):
+        from lit_rlft.models.tiny import TinyConfig, char_tokenizer, tiny_reward_model
+        from lit_rlft.rewards import RewardModel
+
+        tok = char_tokenizer()
+        small = TinyConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=1, num_key_value_heads=1,
+                           intermediate_size=128, head_dim=64, seed=7)
+        return RewardModel(tiny_reward_model(tok, small), tok, max_batch_tokens=96, name="tiny_rm")

@@ -386,3 +386,23 @@ def test_the_gpu_check_script_runs_its_path_on_the_cpu(tmp_path):
                       "--steps", "2", "--batch-size", "4", "--out", str(tmp_path))
     assert result.stdout.count("PASS") == 5 and "FAIL" not in result.stdout, result.stdout[-3000:]
     assert "PASS async depth 1 trains, one step stale: staleness per step [0.0, 1.0, 1.0, 1.0, 1.0, 1.0]" in result.stdout
+
+
+def test_a_reward_model_gives_2_ranks_the_1_rank_rewards(tmp_path):
+    """Each rank scores its own completions with its replica of the reward model, micro-batched by tokens; the
+    rewards equal those of one process scoring every completion, and the first step's gradient is the 1-rank one."""
+    from tests.distributed.helpers import TinyRewardModel
+
+    r0, r1 = run(tmp_path, "--reward", "tests.distributed.helpers.TinyRewardModel", "--steps", "1", "--dump")
+    assert r0["params"] == r1["params"]
+    d0, d1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    reward = TinyRewardModel()
+    for d in (d0, d1):
+        roll = d["rollouts"]
+        G = roll.rewards.shape[1]
+        prompts = [p for p in roll.prompts for _ in range(G)]
+        expected = torch.tensor(reward.score(list(roll.completions), {"prompts": prompts})).view_as(roll.rewards)
+        assert torch.allclose(roll.rewards, expected, atol=1e-5), (roll.rewards, expected)
+    both = torch.cat([d0["rollouts"].rewards, d1["rollouts"].rewards]).flatten()
+    assert both.unique().numel() > 4  # distinct scores: a constant reward would pass vacuously
+    _assert_one_rank_gradient(tmp_path)
