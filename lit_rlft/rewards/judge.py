@@ -139,6 +139,10 @@ class JudgeReward(BatchedReward):
             out.append(value if value is not None else Failure("unscored", f"unparsable judgement {text[:60]!r}"))
         return out
 
+    @property
+    def uses_global_rng(self) -> bool:
+        return bool(getattr(self.judge, "uses_global_rng", False))
+
     def close(self) -> None:
         close = getattr(self.judge, "close", None)
         if close is not None:
@@ -211,6 +215,8 @@ class EngineJudge:
         device: where the judge runs (default: this rank's GPU, else the CPU).
         seed: each call's sampling is seeded from it and the call count, so a rerun judges alike.
     """
+
+    uses_global_rng = True  # the HF engine samples from torch's global generator (seeded around each call)
 
     def __init__(self, model: str | nn.Module, tokenizer: Any = None, *, engine: Any = None, max_new_tokens: int = 64,
                  temperature: float = 0.01, system_prompt: str | None = None, device: str | None = None,

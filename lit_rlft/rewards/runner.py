@@ -410,6 +410,12 @@ class RewardRunner:
         for f in self.batched:
             self.funcs[f].close()
 
+    @property
+    def uses_global_rng(self) -> bool:
+        """Whether a batched reward samples from torch's global generator (an :class:`~lit_rlft.rewards.EngineJudge`),
+        so it must not score while the policy generates."""
+        return any(getattr(self.funcs[f], "uses_global_rng", False) for f in self.batched)
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_threads"] = None  # a thread pool does not cross processes; the copy starts its own

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
 
 from lit_rlft.core.types import Rollouts, left_pad
-from lit_rlft.rollout.base import RolloutEngine, SamplingConfig
+from lit_rlft.rollout.base import GenerationOutput, RolloutEngine, SamplingConfig
 
 Split = Literal["train", "val"]
 
@@ -47,14 +48,21 @@ class RolloutWorker:
         rewards: ``(completions [N], columns) -> RewardResult`` (a :class:`~lit_rlft.rewards.runner.RewardRunner`).
         tokenizer: decodes completions for the reward functions.
         success_threshold: a completion is correct when its total reward is at least this.
+        score_chunks: generate each call's prompts in this many chunks of whole groups, and score each chunk (in a
+            thread) while the next one generates (1: one generate call, then scoring). Samples differ from one call's
+            (the random stream is consumed chunk by chunk), so it is off by default.
     """
 
     def __init__(self, engine: RolloutEngine, rewards: Callable[..., Any], tokenizer: Any,
-                 success_threshold: float = 1.0):
+                 success_threshold: float = 1.0, score_chunks: int = 1):
+        if score_chunks < 1:
+            raise ValueError(f"model.generation.score_chunks must be >= 1, got {score_chunks}")
         self.engine = engine
         self.rewards = rewards
         self.tokenizer = tokenizer
         self.success_threshold = success_threshold
+        self.score_chunks = score_chunks
+        self._scoring: ThreadPoolExecutor | None = None
 
     @staticmethod
     def failed_in_generation(exc: BaseException) -> bool:
@@ -80,23 +88,14 @@ class RolloutWorker:
         G = num_generations
         ids = np.asarray(prompt_ids, dtype=np.int64)
         prompts = source.prompt_tokens(ids, split)
-        t0 = time.perf_counter()
-        try:
-            out = self.engine.generate(prompts, G, sampling, seed=seed)
-        except Exception as exc:
-            setattr(exc, GENERATION_FAILED_ATTR, True)  # every exception has a __dict__ (BaseException's)
-            raise
-        seconds = time.perf_counter() - t0
-        texts = self.tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
         columns = {k: [v for v in vals for _ in range(G)] for k, vals in source.reward_columns(ids, split).items()}
-        # tokens of each completion, for length-aware rewards (DAPO's soft overlong punishment)
-        columns.setdefault("completion_length", out.completion_mask.sum(-1).tolist())
-        if getattr(self.rewards, "batched", None):  # reward models, judges, remote scorers: token ids, whole groups
-            lengths = out.completion_mask.sum(-1).tolist()
-            columns["completion_ids"] = [row[:n] for row, n in zip(out.completion_ids.tolist(), lengths)]
-            scored = self.rewards(texts, columns, group_size=G)
+        if self.score_chunks > 1 and len(ids) > 1:
+            out, texts, scored, seconds = self._chunked(prompts, columns, G, sampling, seed)
         else:
-            scored = self.rewards(texts, columns)
+            t0 = time.perf_counter()
+            out = self._generate(prompts, G, sampling, seed)
+            seconds = time.perf_counter() - t0
+            texts, scored = self._score(out, columns, G)
         rewards = scored.total.view(len(ids), G)  # [B, G]
         p_tok, p_mask = left_pad(prompts, self.tokenizer.pad_token_id)  # [B, P] each
         rollouts = Rollouts(
@@ -118,3 +117,86 @@ class RolloutWorker:
             generation_s=seconds,
         )
         return rollouts, scored
+
+    def _generate(self, prompts: list[list[int]], G: int, sampling: SamplingConfig, seed: int | None) -> Any:
+        try:
+            return self.engine.generate(prompts, G, sampling, seed=seed)
+        except Exception as exc:
+            setattr(exc, GENERATION_FAILED_ATTR, True)  # every exception has a __dict__ (BaseException's)
+            raise
+
+    def _score(self, out: Any, columns: dict[str, list[Any]], G: int) -> tuple[list[str], Any]:
+        """Decode ``out``'s completions and score them (``columns`` aligned with its rows)."""
+        texts = self.tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
+        columns = dict(columns)
+        # tokens of each completion, for length-aware rewards (DAPO's soft overlong punishment)
+        columns.setdefault("completion_length", out.completion_mask.sum(-1).tolist())
+        if getattr(self.rewards, "batched", None):  # reward models, judges, remote scorers: token ids, whole groups
+            lengths = out.completion_mask.sum(-1).tolist()
+            columns["completion_ids"] = [row[:n] for row, n in zip(out.completion_ids.tolist(), lengths)]
+            return texts, self.rewards(texts, columns, group_size=G)
+        return texts, self.rewards(texts, columns)
+
+    def _chunked(self, prompts: list[list[int]], columns: dict[str, list[Any]], G: int, sampling: SamplingConfig,
+                 seed: int | None) -> tuple[Any, list[str], Any, float]:
+        """Generate in ``score_chunks`` chunks of whole groups; each chunk is scored in a thread while the next one
+        generates. Returns the joined output, texts, scores and the seconds spent generating."""
+        if getattr(self.engine, "synced", False):
+            raise ValueError("model.generation.score_chunks > 1 needs an unsharded policy: under FSDP every rank "
+                             "must make the same generate calls (set it to 1)")
+        if getattr(self.rewards, "uses_global_rng", False):
+            raise ValueError("model.generation.score_chunks > 1 cannot score with a reward that samples from torch's "
+                             "global generator (an EngineJudge) while the policy generates: set it to 1")
+        if self._scoring is None:
+            self._scoring = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lit_rlft-scoring")
+        chunks = [rows for rows in np.array_split(np.arange(len(prompts)), min(self.score_chunks, len(prompts)))]
+        outs, futures, seconds = [], [], 0.0
+        for c, rows in enumerate(chunks):
+            chunk_seed = None if seed is None else int(np.random.SeedSequence([seed, c]).generate_state(1, np.uint64)[0]) % 2**62
+            t0 = time.perf_counter()
+            out = self._generate([prompts[i] for i in rows], G, sampling, chunk_seed)
+            seconds += time.perf_counter() - t0
+            part = {k: v[rows[0] * G:(rows[-1] + 1) * G] for k, v in columns.items()}
+            futures.append(self._scoring.submit(self._score, out, part, G))
+            outs.append(out)
+        parts = [f.result() for f in futures]
+        texts = [t for part_texts, _ in parts for t in part_texts]
+        return join_outputs(outs, self.tokenizer.pad_token_id), texts, join_results([p[1] for p in parts]), seconds
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_scoring"] = None
+        return state
+
+
+def join_outputs(outs: list[GenerationOutput], pad_id: int) -> GenerationOutput:
+    """Generation outputs of consecutive prompt chunks as one (completions right-padded to the longest)."""
+    width = max(o.completion_ids.shape[1] for o in outs)
+
+    def pad(t: torch.Tensor, value: float) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
+    logprobs = None if any(o.logprobs is None for o in outs) else torch.cat([pad(o.logprobs, 0.0) for o in outs])
+    return GenerationOutput(completion_ids=torch.cat([pad(o.completion_ids, pad_id) for o in outs]),
+                            completion_mask=torch.cat([pad(o.completion_mask, 0) for o in outs]), logprobs=logprobs,
+                            finish_reasons=[r for o in outs for r in o.finish_reasons])
+
+
+def join_results(results: list[Any]) -> Any:
+    """Reward results of consecutive chunks as one (a :class:`~lit_rlft.rewards.runner.RewardResult`)."""
+    if len(results) == 1:
+        return results[0]
+    from lit_rlft.rewards.runner import RewardResult
+
+    joined = RewardResult(total=torch.cat([r.total for r in results]),
+                          per_func={k: torch.cat([r.per_func[k] for r in results]) for k in results[0].per_func})
+    for r in results:
+        for counter in ("num_errors", "num_timeouts", "num_unscored"):
+            setattr(joined, counter, getattr(joined, counter) + getattr(r, counter))
+        for name, counts in r.failures.items():
+            mine = joined.failures.setdefault(name, {})
+            for kind, n in counts.items():
+                mine[kind] = mine.get(kind, 0) + n
+        for name, example in r.examples.items():
+            joined.examples.setdefault(name, example)
+    return joined

@@ -43,6 +43,10 @@ class GenerationConfig:
     """Samples per validation prompt (mean@k accuracy and pass@k)."""
     eval_temperature: float | None = None
     """Validation temperature (None: the training temperature)."""
+    score_chunks: int = 1
+    """Generate each rollout call's prompts in this many chunks of whole groups, and score each chunk (in a thread)
+    while the next one generates: reward models, judges and remote scorers overlap generation (1: generate, then
+    score). Unsharded policies only; samples differ from one call's, so it is off by default."""
     async_depth: int = 0
     """Batches generated ahead of training, in a separate process with its own copy of the weights (0: the
     synchronous step; 1: one-step-off; k: at most k updates of staleness). See ``lit_rlft.step.pipeline``."""
@@ -55,6 +59,8 @@ class GenerationConfig:
     """Device of the generation process (None: cpu; e.g. cuda:1 to generate on a GPU of its own)."""
 
     def __post_init__(self) -> None:
+        if self.score_chunks < 1:
+            raise ValueError(f"model.generation.score_chunks must be >= 1, got {self.score_chunks}")
         if self.num_generations < 2:
             raise ValueError(f"model.generation.num_generations must be >= 2 for group-relative advantages, got "
                              f"{self.num_generations}")

@@ -95,7 +95,7 @@ class GRPOStep:
         self.updater = PolicyUpdater(loss, self.generation.temperature, self.optim)  # the one holder of the loss
         self.config: GRPOConfig | None = None  # what build_step built this step from
         self.tokenizer = tokenizer
-        self.worker = RolloutWorker(engine, rewards, tokenizer, success_threshold)
+        self.worker = RolloutWorker(engine, rewards, tokenizer, success_threshold, self.generation.score_chunks)
         g = self.generation
         self.pipeline = AsyncRollouts(g.async_depth, g.async_timeout_s, g.async_threads, g.async_device) \
             if g.async_depth else None  # asynchronous rollouts: generation in a process of its own
