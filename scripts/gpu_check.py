@@ -23,7 +23,11 @@ time in ten, which gives groups reward variance), and checks, printing one line 
    recipe's batch and 256 new tokens;
 6. asynchronous rollouts at depth 1 against depth 0 (``benchmarks/async_depth.py``, the check's model): the generation
    process on the second GPU when there is one, sharing the first otherwise (the CPU path: one thread each); every
-   step's loss finite, staleness 1 from the second step on; steps per second of both depths reported.
+   step's loss finite, staleness 1 from the second step on; steps per second of both depths reported;
+7. a reward model on the GPU (``RewardModel``, bf16): a random Qwen2 sequence classifier of the check's size scores 512
+   texts of 32-512 tokens in micro-batches of 16,384 tokens against one text at a time (goal: >= 10x), the scores
+   agree with one-at-a-time forwards (bf16 tolerance), and peak memory grows with the token budget (4,096 /
+   16,384 / every text in one padded forward, TRL's way).
 
 Exit status 0 when every check passes.
 """
@@ -149,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         checks += compare_with_trl(a.out)
         checks += math_recipe_steps(a.out)
     checks += async_depth_check(a, gpu)
+    checks += reward_model_check(tiny, gpu)
 
     for name, ok, detail in checks:
         print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}")
@@ -228,6 +233,60 @@ def async_depth_check(a: argparse.Namespace, gpu: bool) -> list[tuple[str, bool,
              f"staleness per step {stale}; median step {pooled['0']:.3f} s at depth 0, {pooled['1']:.3f} s at depth 1 "
              f"({pooled['0'] / pooled['1']:.2f}x), generation share of the synchronous step "
              f"{data['generation_share']:.2f}")]
+
+
+def reward_model_check(tiny, gpu: bool) -> list[tuple[str, bool, str]]:
+    """Check 7: ``RewardModel`` batched by tokens against one text at a time, and peak memory per token budget."""
+    import torch
+
+    from lit_rlft.models.tiny import char_tokenizer, tiny_reward_model
+    from lit_rlft.rewards import RewardModel
+
+    device = "cuda" if gpu else "cpu"
+    dtype = "bfloat16" if gpu else "float32"
+    tok = char_tokenizer()
+    module = tiny_reward_model(tok, tiny)
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.randint(32, 513 if gpu else 129, (512,), generator=gen).tolist()
+    rows = [torch.randint(3, 90, (n,), generator=gen).tolist() for n in lengths]
+    reward = RewardModel(module, tok, max_batch_tokens=16384, device=device, dtype=dtype)
+
+    def sync() -> None:
+        if gpu:
+            torch.cuda.synchronize()
+
+    reward.forward_ids(rows[:8])  # warm-up
+    sync()
+    t0 = time.perf_counter()
+    batched = reward.forward_ids(rows)
+    sync()
+    t_batched = time.perf_counter() - t0
+    single = []
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for row in rows:
+            single.append(float(reward.model(input_ids=torch.tensor([row], device=device)).logits[0, 0]))
+    sync()
+    t_single = time.perf_counter() - t0
+    err = max(abs(a - b) for a, b in zip(batched.tolist(), single))
+    scale = max(abs(b) for b in single) or 1.0
+    peaks = {}
+    if gpu:
+        for budget in (4096, 16384, 10**9):
+            reward.max_batch_tokens = budget
+            torch.cuda.empty_cache()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            reward.forward_ids(rows)
+            peaks["all" if budget == 10**9 else budget] = (torch.cuda.max_memory_allocated() - base) / 2**20
+    ratio = t_single / t_batched
+    ok = ratio >= (10 if gpu else 1) and err <= (0.05 if gpu else 1e-4) * scale and (
+        not peaks or peaks[4096] < peaks[16384] < peaks["all"])
+    memory = ", ".join(f"{k}: {v:.0f} MiB" for k, v in peaks.items())
+    return [("reward model batched by tokens", ok,
+             f"512 texts ({sum(lengths)} tokens): {t_batched:.2f} s batched, {t_single:.2f} s one at a time "
+             f"({ratio:.1f}x); largest difference {err:.3g} (scores up to {scale:.3g})"
+             + (f"; peak memory over the weights by token budget: {memory}" if memory else ""))]
 
 
 def starts_with_a_digit(completions: list[str], **columns) -> list[float]:

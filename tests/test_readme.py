@@ -81,3 +81,15 @@ def test_the_fabric_example_runs_with_each_launcher_as_written(tmp_path, command
     out = _run([executable, *args], tmp_path)
     assert re.search(r"4 rollout steps, \d+ completions, held-out accuracy \d\.\d{3}", out), out[-3000:]
     assert (tmp_path / "runs" / "fabric_countdown" / "last.ckpt").exists()
+
+
+def test_the_rewards_yaml_parses_as_an_overlay(tmp_path: Path) -> None:
+    """Every kind of reward in the README's rewards block is a valid ``model.reward_funcs`` entry for LightningCLI."""
+    overlay = tmp_path / "rewards.yaml"
+    overlay.write_text(_block("rewards-yaml"))
+    out = _run([str(BIN / "lit-rlft"), "fit", "--config", "configs/countdown_tiny.yaml", "--config", str(overlay),
+                "--print_config"], REPO)
+    for expected in ("runs/learned_reward/rm", "class_path: lit_rlft.rewards.JudgeReward",
+                     "class_path: lit_rlft.rewards.OpenAIJudge", "class_path: lit_rlft.rewards.RemoteReward",
+                     "protocol: openrlhf"):
+        assert expected in out, out[-3000:]

@@ -99,6 +99,7 @@ class StudyConfig:
     warmup_steps: int = 20
     loss_type: str = "dapo"
     scale_rewards: str = "group"
+    reward: str | None = None  # the training reward (None: the Countdown rule), e.g. a reward-model directory
     epsilon: float = 0.2
     adam_betas: tuple[float, float] = (0.9, 0.99)
     max_grad_norm: float = 1.0
@@ -234,7 +235,7 @@ class StudyConfig:
                 "confidence", "sft_threads", "degeneracy_sample", "degeneracy_generations", "degenerate_target",
                 *STRATEGY_FIELDS}
         data = {k: v for k, v in self.to_dict().items() if k not in skip}
-        for added in ("async_depth", "bucket_weights"):  # added later: runs without them keep their fingerprints
+        for added in ("async_depth", "bucket_weights", "reward"):  # added later: runs without them keep theirs
             if not data.get(added):
                 data.pop(added, None)
         return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]

@@ -54,6 +54,16 @@ def select_series(scalars: dict[str, list[tuple[int, float]]], strategy: str) ->
     return {t: [[int(s), float(v)] for s, v in scalars[t]] for t in sorted(keep)}
 
 
+def _reward(reward: str | None) -> Any:
+    """The training reward: the Countdown rule, or a learned reward model (a directory: its probability of
+    "correct"). The held-out evaluation always uses the rule."""
+    if not reward:
+        return "lit_rlft.rewards.countdown_reward"
+    from lit_rlft.rewards import RewardModel
+
+    return RewardModel(reward, sigmoid=True, max_batch_tokens=8192, device="cpu")
+
+
 def train(cfg: StudyConfig, spec: RunSpec, warm_start: str, out_dir: Path) -> dict[str, Any]:
     """Train one run and return its record (curves, series, timings)."""
     import lightning as L
@@ -74,7 +84,7 @@ def train(cfg: StudyConfig, spec: RunSpec, warm_start: str, out_dir: Path) -> di
     L.seed_everything(spec.seed, verbose=False)
     module = GRPOModule(
         model=warm_start, tiny=TinyConfig(**(cfg.tiny or {})) if warm_start == "tiny" else None,
-        reward_funcs=["lit_rlft.rewards.countdown_reward"], scale_rewards=cfg.scale_rewards,
+        reward_funcs=[_reward(cfg.reward)], scale_rewards=cfg.scale_rewards,
         generation=GenerationConfig(num_generations=cfg.num_generations, temperature=cfg.temperature,
                                     max_completion_length=cfg.max_completion_length,
                                     eval_num_generations=cfg.eval_num_generations, seed=spec.seed,

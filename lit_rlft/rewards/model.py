@@ -74,6 +74,8 @@ class RewardModel(BatchedReward):
         device: where it runs (default: this rank's GPU, else the CPU); the model moves there on first use.
         dtype: ``float32``, ``bfloat16`` or ``float16``.
         label: the logit read as the score.
+        sigmoid: score ``sigmoid(logit)`` (a probability in [0, 1], for a classifier trained with a binary loss)
+            rather than the logit.
         name: the name in ``rewards/<name>/...`` (default: the model's folder name, or ``reward_model``).
         cache: keep scores by (prompt, completion) and score only new pairs (the model is frozen).
 
@@ -84,7 +86,8 @@ class RewardModel(BatchedReward):
 
     def __init__(self, model: str | nn.Module, tokenizer: str | Any | None = None, *, chat_template: bool | None = None,
                  max_batch_tokens: int = 8192, max_length: int | None = None, device: str | None = None,
-                 dtype: str = "float32", label: int = 0, name: str | None = None, cache: bool = True) -> None:
+                 dtype: str = "float32", label: int = 0, sigmoid: bool = False, name: str | None = None,
+                 cache: bool = True) -> None:
         if dtype not in _DTYPES:
             raise ValueError(f"RewardModel: dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
         if max_batch_tokens < 1:
@@ -128,6 +131,7 @@ class RewardModel(BatchedReward):
         self.max_length = max_length
         self.device = torch.device(device) if device is not None else None
         self.label = int(label)
+        self.sigmoid = bool(sigmoid)
         self.name = name or default_name
         self.cacheable = bool(cache)
         self.padding_side = getattr(tokenizer, "padding_side", "right")
@@ -181,7 +185,8 @@ class RewardModel(BatchedReward):
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
             logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device),
                                 position_ids=positions.to(device)).logits  # [b, num_labels]
-            scores[batch] = logits[:, self.label].float().cpu()
+            picked = logits[:, self.label].float()
+            scores[batch] = (picked.sigmoid() if self.sigmoid else picked).cpu()
             self.num_forwards += 1
         return scores
 
