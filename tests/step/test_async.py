@@ -233,3 +233,22 @@ def test_depth_needs_a_config_and_is_checked():
     step.config = None  # a step built by hand
     with pytest.raises(ValueError, match=r"needs a step built by build_step"):
         _loop(step, steps=1)
+
+
+def test_a_reward_model_scores_in_the_generation_process_as_in_the_trainer():
+    """At depth 1 the generation process scores with its copy of the reward model (pickled with the step's reward
+    runner): each trained row's reward is the model's score of its completion."""
+    from tests.distributed.helpers import TinyRewardModel
+
+    step = _step(depth=1, reward_funcs=["tests.distributed.helpers.TinyRewardModel", COIN], reward_weights=[1.0, 0.0])
+    outs = _loop(step, steps=2)
+    reward = TinyRewardModel()
+    for out in outs:
+        roll = out.rollouts
+        fresh = ~roll.is_replay
+        G = roll.rewards.shape[1]
+        prompts = [p for p, keep in zip(roll.prompts, fresh.tolist()) if keep for _ in range(G)]
+        texts = [t for b, keep in enumerate(fresh.tolist()) if keep for t in roll.completions[b * G:(b + 1) * G]]
+        expected = torch.tensor(reward.score(texts, {"prompts": prompts})).view(-1, G)
+        assert torch.allclose(roll.rewards[fresh], expected, atol=1e-5)
+        assert roll.reward_per_func["tiny_rm"][fresh].allclose(expected, atol=1e-5)
