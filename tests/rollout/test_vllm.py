@@ -460,3 +460,26 @@ def test_async_depth_1_generates_with_vllm_in_its_own_process():
         with torch.no_grad():
             mine = step.updater.model_logprobs(policy, r, torch.arange(mask.shape[0]), torch.device("cpu"))[0]
         assert (r.behaviour_logprobs - mine)[mask].abs().max() < TOL, t
+
+
+@vllm_only
+def test_an_engine_judge_generates_through_vllm_reproducibly():
+    """A judge model (a separate module from any policy) generating through vLLM: one judgement per request, the
+    same judgements for the same call seed, unparsable ones failed alone."""
+    from lit_rlft.models.tiny import TinyConfig, char_tokenizer, tiny_qwen2
+    from lit_rlft.rewards import EngineJudge, Failure, JudgeReward, ScoreParser
+    from lit_rlft.rollout.vllm import VLLMEngine
+
+    tok = char_tokenizer()
+    judge = EngineJudge(tiny_qwen2(tok, TinyConfig(seed=5)), tok, engine=VLLMEngine(), max_new_tokens=8,
+                        temperature=1.0, seed=2, device="cpu")
+    requests = ["1+2", "3*3", "4-1", "9"]
+    first = judge.complete(requests)
+    judge.calls = 0
+    assert judge.complete(requests) == first and len(first) == 4
+    reward = JudgeReward(judge, parser=ScoreParser(r"(\d)", scale=9, high=9), cache=False)
+    judge.calls = 0
+    scores = reward.score(requests, {"prompts": [""] * 4})
+    for score, text in zip(scores, reward.last_judgements):
+        digits = [c for c in text if c.isdigit()]
+        assert (score == int(digits[-1]) / 9) if digits else (isinstance(score, Failure) and score.kind == "unscored")
