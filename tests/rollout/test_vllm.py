@@ -463,6 +463,7 @@ def test_async_depth_1_generates_with_vllm_in_its_own_process():
 
 
 @vllm_only
+@pytest.mark.vllm
 def test_an_engine_judge_generates_through_vllm_reproducibly():
     """A judge model (a separate module from any policy) generating through vLLM: one judgement per request, the
     same judgements for the same call seed, unparsable ones failed alone."""
