@@ -373,6 +373,10 @@ class WorkerPool:
             child.close()
         return _Worker(process, parent, progress)
 
+    def start(self) -> None:
+        """Start the workers now (otherwise on the first :meth:`run`): a caller about to start threads forks first."""
+        self._ensure_started()
+
     def _ensure_started(self) -> None:
         while len(self._workers) < self.num_workers:
             self._workers.append(self._start_worker())

@@ -343,6 +343,8 @@ class RewardRunner:
         columns = dict(columns or {})
         n = len(completions)
         self._check_columns(n, columns)
+        if self.batched and self.pool is not None:
+            self.pool.start()  # fork the rule workers before the scoring threads exist
         started = self._start_batched(completions, columns, group_size) if self.batched else {}
         rule_columns = {k: v for k, v in columns.items() if k != "completion_ids"}
         rows = split_rows(rule_columns, n)
