@@ -164,7 +164,8 @@ def score_batched(reward: Any, completions: list[str], columns: Mapping[str, Seq
             missing = set(todo)
             calls = [c for c in calls if missing.intersection(c)]
     else:
-        calls = [todo] if todo else []
+        # a sharded scorer (every rank's forward is a collective) is called even with nothing new to score
+        calls = [todo] if todo or getattr(reward, "collective", False) else []
     for rows in calls:
         scores = reward.score([completions[i] for i in rows], _take(columns, rows))
         if not isinstance(scores, (list, tuple)) or len(scores) != len(rows):

@@ -79,7 +79,10 @@ class RewardModel(BatchedReward):
         name: the name in ``rewards/<name>/...`` (default: the model's folder name, or ``reward_model``).
         cache: keep scores by (prompt, completion) and score only new pairs (the model is frozen).
 
-    Replicated: every rank holds the whole model and scores its own completions.
+    Placement: replicated (every rank holds the whole model and scores its own completions), or sharded like the
+    policy: when the policy is sharded with FSDP2, the step shards the reward model over the same mesh
+    (:meth:`shard`), each rank holding a slice of its weights; every forward then gathers them from all ranks, so the
+    ranks agree on the number of micro-batches and a rank with fewer makes one-token passes.
     """
 
     cacheable = True
@@ -137,6 +140,8 @@ class RewardModel(BatchedReward):
         self.padding_side = getattr(tokenizer, "padding_side", "right")
         self.num_truncated = 0
         self.num_forwards = 0
+        self.num_padding_forwards = 0
+        self.sharded = False
 
     # -------------------------------------------------------------------------------------------- texts
     def texts(self, completions: Sequence[str], prompts: Sequence[Any] | None) -> list[str]:
@@ -151,6 +156,8 @@ class RewardModel(BatchedReward):
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text (special tokens added when there is no chat template), cut to ``max_length``."""
+        if not texts:
+            return []
         ids = self.tokenizer(list(texts), add_special_tokens=not self.chat_template)["input_ids"]
         out = []
         for row in ids:
@@ -161,7 +168,27 @@ class RewardModel(BatchedReward):
         return out
 
     # -------------------------------------------------------------------------------------------- scoring
+    @property
+    def collective(self) -> bool:
+        """Whether every rank must call :meth:`score` together (the model is sharded)."""
+        return self.sharded
+
+    def shard(self, mesh: Any) -> None:
+        """Shard the model with FSDP2 over ``mesh`` (the policy's data-parallel mesh), one unit per decoder layer,
+        after moving it to this rank's device of the mesh."""
+        from lit_rlft.models.sharding import fully_shard_policy
+
+        if self.sharded:
+            return
+        index = torch.cuda.current_device() if mesh.device_type == "cuda" else None
+        self.device = torch.device(mesh.device_type, index) if index is not None else torch.device(mesh.device_type)
+        self.model.to(self.device)
+        fully_shard_policy(self.model, mesh)
+        self.sharded = True
+
     def _ready(self) -> torch.device:
+        if self.sharded:
+            return self.device  # type: ignore[return-value]
         if self.device is None:
             self.device = _default_device()
         if next(self.model.parameters()).device != self.device:
@@ -173,7 +200,15 @@ class RewardModel(BatchedReward):
         """Scores ``[n]`` (float32, CPU) of tokenised texts, in token-bounded micro-batches."""
         device = self._ready()
         scores = torch.empty(len(rows), dtype=torch.float32)
-        for batch in token_micro_batches([len(r) for r in rows], self.max_batch_tokens):
+        batches = token_micro_batches([len(r) for r in rows], self.max_batch_tokens)
+        if self.sharded:  # every forward is a collective: the ranks make as many, a short rank one-token passes
+            count = torch.tensor([len(batches)], device=device)
+            torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+            for _ in range(int(count) - len(batches)):
+                one = torch.full((1, 1), self.pad_id, dtype=torch.long, device=device)
+                self.model(input_ids=one, attention_mask=torch.ones_like(one))
+                self.num_padding_forwards += 1
+        for batch in batches:
             width = max(len(rows[i]) for i in batch)
             ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
             mask = torch.zeros((len(batch), width), dtype=torch.long)
@@ -188,6 +223,8 @@ class RewardModel(BatchedReward):
             picked = logits[:, self.label].float()
             scores[batch] = (picked.sigmoid() if self.sigmoid else picked).cpu()
             self.num_forwards += 1
+        if self.sharded:
+            self.model.reshard()  # FSDP2 keeps the root's gathered weights after a forward (for a backward): free them
         return scores
 
     def score(self, completions: list[str], columns: Mapping[str, Sequence[Any]]) -> list[float | None]:

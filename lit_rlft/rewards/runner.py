@@ -412,6 +412,16 @@ class RewardRunner:
         for f in self.batched:
             self.funcs[f].close()
 
+    def shard(self, mesh: Any) -> list[str]:
+        """Shard the batched rewards that can be (reward models) like the policy, over ``mesh``; their names."""
+        done = []
+        for f in self.batched:
+            shard = getattr(self.funcs[f], "shard", None)
+            if callable(shard):
+                shard(mesh)
+                done.append(self.names[f])
+        return done
+
     @property
     def uses_global_rng(self) -> bool:
         """Whether a batched reward samples from torch's global generator (an :class:`~lit_rlft.rewards.EngineJudge`),

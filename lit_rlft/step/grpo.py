@@ -167,6 +167,9 @@ class GRPOStep:
             return
         self.engine.setup(policy, self.tokenizer, sharded=is_sharded(policy))
         self._engine_stale = False  # set up from the current weights
+        shard = getattr(self.rewards, "shard", None)
+        if is_sharded(policy) and callable(shard):  # reward models are sharded like the policy, over its mesh
+            shard(next(p for p in policy.parameters() if hasattr(p, "device_mesh")).device_mesh)
 
     @property
     def loss_fn(self) -> GRPOLoss:

@@ -388,13 +388,19 @@ def test_the_gpu_check_script_runs_its_path_on_the_cpu(tmp_path):
     assert "PASS async depth 1 trains, one step stale: staleness per step [0.0, 1.0, 1.0, 1.0, 1.0, 1.0]" in result.stdout
 
 
-def test_a_reward_model_gives_2_ranks_the_1_rank_rewards(tmp_path):
-    """Each rank scores its own completions with its replica of the reward model, micro-batched by tokens; the
-    rewards equal those of one process scoring every completion, and the first step's gradient is the 1-rank one."""
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_a_reward_model_gives_2_ranks_the_1_rank_rewards(tmp_path, strategy):
+    """Each rank scores its own completions with the reward model, micro-batched by tokens: a replica under DDP, a
+    shard over the policy's mesh under FSDP2 (the ranks agree on the number of forwards); the rewards equal those of
+    one process scoring every completion, and the first step's gradient is the 1-rank one."""
     from tests.distributed.helpers import TinyRewardModel
 
-    r0, r1 = run(tmp_path, "--reward", "tests.distributed.helpers.TinyRewardModel", "--steps", "1", "--dump")
+    r0, r1 = run(tmp_path, "--reward", "tests.distributed.helpers.TinyRewardModel", "--steps", "1", "--dump",
+                 "--strategy", strategy)
     assert r0["params"] == r1["params"]
+    assert r0["sharded_rewards"] == r1["sharded_rewards"] == (["RewardModel"] if strategy == "fsdp2" else [])
+    if strategy == "fsdp2":
+        assert r0["reward_forwards"] == r1["reward_forwards"]  # every forward gathered the shards on both ranks
     d0, d1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
     reward = TinyRewardModel()
     for d in (d0, d1):

@@ -167,3 +167,50 @@ def test_batched_reward_contract_errors() -> None:
         RewardRunner([Short()], timeout_s=None)(["a", "b"], {})
     assert Short()(["a"]) == [1.0]  # also a TRL-style function
     assert FailsOnX()(["x", "y"]) == [None, 1.0]
+
+
+def _sharded_worker(rank: int, port: int, out: str) -> None:
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        tok = char_tokenizer()
+        tok.padding_side = "right"
+        reward = RewardModel(tiny_reward_model(tok, SMALL), tok, max_batch_tokens=40, device="cpu")
+        reward.shard(init_device_mesh("cpu", (2,)))
+        mine = COMPLETIONS if rank == 0 else COMPLETIONS[:1]  # 4 micro-batches on rank 0, 1 on rank 1
+        prompts = PROMPTS if rank == 0 else PROMPTS[:1]
+        scores = reward.score(mine, {"prompts": prompts})
+        empty = reward.score([], {})  # a rank with nothing to score still joins its peers' forwards
+        reward.score(COMPLETIONS[:2], {"prompts": PROMPTS[:2]})  # the ranks are still in step
+        torch.save({"scores": scores, "empty": empty, "real": reward.num_forwards,
+                    "padding": reward.num_padding_forwards,
+                    "sharded": all(hasattr(p, "device_mesh") for p in reward.model.parameters())},
+                   f"{out}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_sharded_reward_model_scores_as_the_whole_one_with_ranks_of_different_sizes(rm, tmp_path: Path) -> None:
+    """FSDP2 over 2 CPU ranks: each rank holds half the weights; ranks with different numbers of micro-batches (and
+    one with none) make as many forwards, and every score equals the unsharded model's."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_sharded_worker, args=(port, str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    model, tok = rm
+    expected = one_by_one(model, tok, [p + c for p, c in zip(PROMPTS, COMPLETIONS)])
+    assert r0["scores"] == pytest.approx(expected, abs=1e-5)
+    assert r1["scores"] == pytest.approx(expected[:1], abs=1e-5)
+    assert r0["sharded"] and r1["sharded"] and r0["empty"] == r1["empty"] == []
+    assert r0["real"] + r0["padding"] == r1["real"] + r1["padding"]
+    assert r1["padding"] > 0 and r0["real"] > r1["real"]  # rank 1 joined rank 0's extra forwards
