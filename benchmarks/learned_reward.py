@@ -132,6 +132,49 @@ def _auc(p: np.ndarray, y: np.ndarray) -> float:
     return float((ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
 
 
+def hacked_samples(warm: str, rm: Path, steps: int, n: int = 64, seed: int = 0) -> dict:
+    """Train as the study's learned-reward run does for ``steps`` steps (where its held-out accuracy has collapsed),
+    then sample one completion for ``n`` pool prompts from that policy: what the learned reward pays for it against
+    what the rule says (where the classifier is fooled)."""
+    import lightning as L
+
+    from benchmarks.study.config import StudyConfig
+    from benchmarks.study.tasks import datamodule, pool_task
+    from lit_rlft import GenerationConfig, GRPOLoss, GRPOModule, OptimConfig
+    from lit_rlft.rewards import RewardModel, countdown_reward
+    from lit_rlft.rollout.base import SamplingConfig
+    from lit_rlft.rollout.hf import HFEngine
+
+    cfg = StudyConfig()
+    L.seed_everything(seed, verbose=False)
+    reward = RewardModel(str(rm), sigmoid=True, device="cpu")
+    module = GRPOModule(model=warm, reward_funcs=[reward], scale_rewards=cfg.scale_rewards,
+                        generation=GenerationConfig(num_generations=cfg.num_generations, temperature=cfg.temperature,
+                                                    max_completion_length=cfg.max_completion_length, seed=seed),
+                        loss=GRPOLoss(loss_type=cfg.loss_type, epsilon=cfg.epsilon, beta=0.0),
+                        optim=OptimConfig(learning_rate=cfg.learning_rate, adam_betas=tuple(cfg.adam_betas),
+                                          warmup_steps=cfg.warmup_steps, max_grad_norm=cfg.max_grad_norm))
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        limit_val_batches=0)
+    trainer.fit(module, datamodule=datamodule(cfg, 4000, seed, with_eval=False))
+    tok = module.grpo.tokenizer
+    engine = HFEngine()
+    engine.setup(module.policy, tok)
+    records = [r.data for r in pool_task(cfg, 4000).records()[:n]]
+    torch.manual_seed(seed)
+    out = engine.generate([tok(r["prompt"])["input_ids"] for r in records], 1,
+                          SamplingConfig(temperature=cfg.temperature, max_new_tokens=cfg.max_completion_length))
+    texts = tok.batch_decode(out.completion_ids, skip_special_tokens=True)
+    paid = reward.score(texts, {"prompts": [r["prompt"] for r in records]})
+    rule = countdown_reward(texts, nums=[r["nums"] for r in records], target=[r["target"] for r in records])
+    samples = [{"prompt": r["prompt"], "completion": t, "paid": float(p), "rule": float(q or 0.0)}
+               for r, t, p, q in zip(records, texts, paid, rule)]
+    return {"steps": steps, "completions": steps * cfg.batch_size * cfg.num_generations,
+            "mean_paid": float(np.mean(paid)), "rule_accuracy": float(np.mean([s["rule"] >= 1 for s in samples])),
+            "samples": sorted(samples, key=lambda x: -x["paid"])}
+
+
 def run_study(out: str, rm: Path | None, seeds: str, extra: list[str]) -> None:
     """The study's uniform runs at pool 4,000 into ``out``, trained on the learned reward ``rm`` (None: the rule);
     finished runs are reused."""
@@ -162,13 +205,23 @@ def report(learned: Path, rule: Path, classifier: dict, seeds: list[int]) -> dic
     gains_learned = [final(lr[s]) - start for s in common]
     diffs = [final(lr[s]) - final(rr[s]) for s in common]
     paid = [float(np.mean([v for _, v in lr[s]["series"]["reward"][-20:]])) for s in common]
+    # the learned reward's best evaluation, and the rule's at the same mark
+    peaks = []
+    for s in common:
+        k = int(np.argmax([c["val/accuracy/learnable"] for c in lr[s]["curve"]]))
+        at = lr[s]["curve"][k]
+        rule_at = rr[s]["curve"][k]
+        peaks.append({"completions": at["completions"], "learned": at["val/accuracy/learnable"],
+                      "rule": rule_at["val/accuracy/learnable"],
+                      "recovered": (at["val/accuracy/learnable"] - start) / (rule_at["val/accuracy/learnable"] - start)
+                      if rule_at["val/accuracy/learnable"] != start else None})
     true_train = [float(lr[s]["curve"][-1]["train_pool_reward"]) for s in common]
     result = {
         "seeds": common, "warm_start_heldout": start,
         "rule_final_heldout": [final(rr[s]) for s in common], "learned_final_heldout": [final(lr[s]) for s in common],
         "recovered_share": float(np.mean(gains_learned) / np.mean(gains_rule)) if np.mean(gains_rule) else None,
         "learned_minus_rule": mean_interval(diffs),
-        "learned_reward_paid_last20_steps": paid, "rule_reward_of_training_pool_samples": true_train,
+        "learned_reward_paid_last20_steps": paid, "peaks": peaks, "rule_reward_of_training_pool_samples": true_train,
         "classifier": classifier,
         "curves": {"rule": {s: [(c["completions"], c["val/accuracy/learnable"], c["train_pool_reward"])
                                 for c in rr[s]["curve"]] for s in common},
@@ -245,6 +298,11 @@ def main() -> None:
     run_study(str(out / "study"), out / "rm", a.seeds, ["--warm-start", str(ROOT / a.rule_study / "sft" / "model"),
                                                           *extra])
     result = report(out / "study", ROOT / a.rule_study, classifier, [int(s) for s in a.seeds.split(",")])
+    hacked_file = out / "hacked.json"
+    if not hacked_file.exists():
+        hacked_file.write_text(json.dumps(hacked_samples(str(ROOT / a.rule_study / "sft" / "model"), out / "rm",
+                                                         steps=10 if a.quick else 80), indent=1))
+    result["hacked"] = json.loads(hacked_file.read_text())
     result["command"] = "python -m benchmarks.learned_reward " + " ".join(sys.argv[1:])
     result["seconds"] = time.perf_counter() - t0
     name = "learned_reward_quick" if a.quick else "learned_reward"
@@ -257,6 +315,15 @@ def main() -> None:
           f"{np.mean(result['rule_final_heldout']):.3f}; learned reward {np.mean(result['learned_final_heldout']):.3f}"
           f" (learned - rule {d['mean']:+.3f}{spread}); recovered "
           f"{'n/a' if share is None or not math.isfinite(share) else f'{share:.0%}'} of the rule's gain")
+    for peak in result["peaks"]:
+        print(f"  best evaluation of the learned reward: {peak['learned']:.3f} after {peak['completions']} completions "
+              f"(rule reward at that mark {peak['rule']:.3f}; recovered "
+              f"{'n/a' if peak['recovered'] is None else format(peak['recovered'], '.0%')} of its gain)")
+    h = result["hacked"]
+    print(f"after {h['completions']} completions on the learned reward: it pays {h['mean_paid']:.3f} on average for the "
+          f"policy's samples, of which {h['rule_accuracy']:.0%} are correct; the best paid:")
+    for sample in h["samples"][:5]:
+        print(f"  {sample['prompt']}{sample['completion']!r}  paid {sample['paid']:.3f}, rule {sample['rule']:.1f}")
     print(f"learned reward paid (last 20 steps) {np.mean(result['learned_reward_paid_last20_steps']):.3f} vs rule "
           f"reward of the same policy's training-pool samples {np.mean(result['rule_reward_of_training_pool_samples']):.3f}")
 
