@@ -83,7 +83,8 @@ class Probe(StepCallback):
                   "budget": step.budget.state_dict(), "reward_totals": step.reward_failures.totals,
                   "sharded_rewards": [type(f).__name__ for f in getattr(step.rewards, "funcs", [])
                                       if getattr(f, "sharded", False)],
-                  "reward_forwards": [getattr(f, "num_forwards", None) for f in getattr(step.rewards, "funcs", [])],
+                  "reward_forwards": [getattr(f, "num_forwards", 0) + getattr(f, "num_padding_forwards", 0)
+                                      for f in getattr(step.rewards, "funcs", [])],
                   "last_eval": step.last_validation}
         (self.out / f"rank{self.rank}.json").write_text(json.dumps(result))
         if self.dump:

@@ -384,7 +384,8 @@ def test_the_cli_trains_with_fsdp2_on_two_cpu_ranks_from_yaml(tmp_path):
 def test_the_gpu_check_script_runs_its_path_on_the_cpu(tmp_path):
     result = _command("scripts/gpu_check.py", "--accelerator", "cpu", "--hidden", "128", "--layers", "2",
                       "--steps", "2", "--batch-size", "4", "--out", str(tmp_path))
-    assert result.stdout.count("PASS") == 5 and "FAIL" not in result.stdout, result.stdout[-3000:]
+    assert result.stdout.count("PASS") == 6 and "FAIL" not in result.stdout, result.stdout[-3000:]
+    assert "PASS reward model batched by tokens: 512 texts" in result.stdout
     assert "PASS async depth 1 trains, one step stale: staleness per step [0.0, 1.0, 1.0, 1.0, 1.0, 1.0]" in result.stdout
 
 
@@ -400,7 +401,7 @@ def test_a_reward_model_gives_2_ranks_the_1_rank_rewards(tmp_path, strategy):
     assert r0["params"] == r1["params"]
     assert r0["sharded_rewards"] == r1["sharded_rewards"] == (["RewardModel"] if strategy == "fsdp2" else [])
     if strategy == "fsdp2":
-        assert r0["reward_forwards"] == r1["reward_forwards"]  # every forward gathered the shards on both ranks
+        assert r0["reward_forwards"] == r1["reward_forwards"]  # real + padding: every forward gathered on both
     d0, d1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
     reward = TinyRewardModel()
     for d in (d0, d1):
