@@ -24,7 +24,8 @@ LAYERS: list[set[str]] = [
     {"lightning", "reporting"},
     {"cli"},
 ]
-SIDEWAYS: set[tuple[str, str]] = set()
+#: A reward model is a model: the rewards load and shard it with the models' helpers.
+SIDEWAYS: set[tuple[str, str]] = {("rewards", "models")}
 #: Where Lightning may be imported: its adapters, the datamodule (a LightningDataModule) and the command line.
 LIGHTNING_ALLOWED = {"lightning", "callbacks", "cli", "data/datamodule.py"}
 #: Modules of the callbacks package that other callbacks may import (their shared base layer).

@@ -12,7 +12,7 @@ from lit_rlft.rewards.batched import BatchedReward, Failure, ScoreCache
 from lit_rlft.rewards.countdown import CountdownReward, countdown_answer, countdown_reward, parse_expression
 from lit_rlft.rewards.exact import exact_match_reward
 from lit_rlft.rewards.gsm8k import gsm8k_format_reward, gsm8k_gold, gsm8k_prediction, gsm8k_reward, parse_number
-from lit_rlft.rewards.judge import EngineJudge, JudgeReward, OpenAIJudge, ScoreParser
+from lit_rlft.rewards.judge import JudgeReward, OpenAIJudge, ScoreParser
 from lit_rlft.rewards.math import extract_boxed, math_answer_from_solution, math_reward, verify_math_answer
 from lit_rlft.rewards.model import RewardModel
 from lit_rlft.rewards.overlong import SoftOverlongPunishment, soft_overlong_punishment
@@ -22,7 +22,6 @@ from lit_rlft.rewards.runner import RewardFunc, RewardResult, RewardRunner, reso
 __all__ = [
     "BatchedReward",
     "CountdownReward",
-    "EngineJudge",
     "Failure",
     "JudgeReward",
     "OpenAIJudge",

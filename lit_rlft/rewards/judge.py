@@ -4,7 +4,8 @@ The judge is a separate model from the policy, reached one of two ways:
 
 - :class:`OpenAIJudge`: any OpenAI-compatible ``/chat/completions`` endpoint (``vllm serve``, SGLang, a hosted API),
   requests in parallel under a concurrency limit, with a time bound and retries (prime-rl's and SkyRL's way);
-- :class:`EngineJudge`: a model generating through lit_rlft's own engines (HF by default, or vLLM), in this process.
+- :class:`~lit_rlft.rollout.judge.EngineJudge`: a model generating through lit_rlft's own engines (HF by default, or
+  vLLM), in this process (in ``lit_rlft.rollout``: it needs the engines, a layer above the rewards).
 
 A judgement that fails (a timeout, an HTTP error) or that the parser cannot read scores 0 for that completion alone
 and is counted (``rewards/num_errors``, ``num_timeouts``, ``num_unscored``), as rule failures are.
@@ -21,13 +22,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-import torch
-from torch import nn
-
 from lit_rlft.rewards.batched import BatchedReward, Failure
 from lit_rlft.rewards.http import HTTPClient, RequestFailed
 
-__all__ = ["DEFAULT_TEMPLATE", "EngineJudge", "Judge", "JudgeReward", "OpenAIJudge", "ScoreParser"]
+__all__ = ["DEFAULT_TEMPLATE", "Judge", "JudgeReward", "OpenAIJudge", "ScoreParser"]
 
 DEFAULT_TEMPLATE = (
     "Rate how well the response answers the question, from 0 (wrong or useless) to 10 (correct and complete).\n\n"
@@ -85,7 +83,8 @@ class JudgeReward(BatchedReward):
     """Score each completion by a judge's reading of it.
 
     Args:
-        judge: an :class:`OpenAIJudge`, an :class:`EngineJudge`, or anything with ``complete(requests)``.
+        judge: an :class:`OpenAIJudge`, a :class:`~lit_rlft.rollout.EngineJudge`, or anything with
+            ``complete(requests)``.
         template: the judge's prompt; ``{prompt}``, ``{completion}`` and the data set's columns are filled in.
         parser: judgement text -> score or None (default :class:`ScoreParser`: ``Score: N`` out of 10 -> N / 10).
         name: the name in ``rewards/<name>/...``.
@@ -200,72 +199,3 @@ class OpenAIJudge:
 
     def __repr__(self) -> str:
         return f"OpenAIJudge({self.url!r}, model={self.model!r})"
-
-
-class EngineJudge:
-    """A judge model generating through a lit_rlft engine in this process (HF by default; vLLM where installed).
-
-    Args:
-        model: a causal LM checkpoint directory, a hub name where reachable, or a built ``nn.Module``.
-        tokenizer: its tokenizer (default: the one saved with ``model``); its chat template is used when it has one.
-        engine: a :class:`~lit_rlft.rollout.base.RolloutEngine` (default ``HFEngine()``), set up with the judge model.
-        max_new_tokens: the judgement's length bound.
-        temperature: sampling temperature (engines sample; a small value is nearly greedy).
-        system_prompt: an optional system message (chat template only).
-        device: where the judge runs (default: this rank's GPU, else the CPU).
-        seed: each call's sampling is seeded from it and the call count, so a rerun judges alike.
-    """
-
-    uses_global_rng = True  # the HF engine samples from torch's global generator (seeded around each call)
-
-    def __init__(self, model: str | nn.Module, tokenizer: Any = None, *, engine: Any = None, max_new_tokens: int = 64,
-                 temperature: float = 0.01, system_prompt: str | None = None, device: str | None = None,
-                 seed: int = 0) -> None:
-        from lit_rlft.rollout.base import SamplingConfig
-
-        if isinstance(model, str):
-            from lit_rlft.models.loading import load_model, load_tokenizer_for
-
-            tokenizer = tokenizer if tokenizer is not None else load_tokenizer_for(model)
-            model = load_model(model)
-        elif tokenizer is None:
-            raise ValueError("EngineJudge: a built model needs its tokenizer (tokenizer=...)")
-        if isinstance(tokenizer, str):
-            from lit_rlft.models.loading import load_tokenizer_for
-
-            tokenizer = load_tokenizer_for(tokenizer)
-        from lit_rlft.rewards.model import _default_device
-
-        self.device = torch.device(device) if device is not None else _default_device()
-        self.model = model.eval().requires_grad_(False).to(self.device)
-        self.tokenizer = tokenizer
-        if engine is None:
-            from lit_rlft.rollout.hf import HFEngine
-
-            engine = HFEngine()
-        self.engine = engine
-        self.engine.setup(self.model, tokenizer)
-        self.sampling = SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens)
-        self.system_prompt = system_prompt
-        self.seed = int(seed)
-        self.calls = 0
-
-    def encode(self, requests: list[str]) -> list[list[int]]:
-        if getattr(self.tokenizer, "chat_template", None) is None:
-            return [list(ids) for ids in self.tokenizer(requests)["input_ids"]]
-        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        return [list(self.tokenizer.apply_chat_template(system + [{"role": "user", "content": r}], tokenize=True,
-                                                        add_generation_prompt=True, return_dict=False))
-                for r in requests]
-
-    def complete(self, requests: list[str]) -> list[str | Failure]:
-        seed = hash((self.seed, self.calls)) % 2**31
-        self.calls += 1
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed)
-            out = self.engine.generate(self.encode(requests), 1, self.sampling, seed=seed)
-        return list(self.tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True))
-
-    def __repr__(self) -> str:
-        return f"EngineJudge({type(self.model).__name__}, engine={type(self.engine).__name__})"

@@ -424,7 +424,7 @@ class RewardRunner:
 
     @property
     def uses_global_rng(self) -> bool:
-        """Whether a batched reward samples from torch's global generator (an :class:`~lit_rlft.rewards.EngineJudge`),
+        """Whether a batched reward samples from torch's global generator (an :class:`~lit_rlft.rollout.EngineJudge`),
         so it must not score while the policy generates."""
         return any(getattr(self.funcs[f], "uses_global_rng", False) for f in self.batched)
 

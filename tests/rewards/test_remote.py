@@ -19,7 +19,6 @@ import torch
 
 from lit_rlft.models.tiny import TinyConfig, char_tokenizer, tiny_qwen2, tiny_reward_model
 from lit_rlft.rewards import (
-    EngineJudge,
     Failure,
     JudgeReward,
     OpenAIJudge,
@@ -30,6 +29,7 @@ from lit_rlft.rewards import (
 )
 from lit_rlft.rewards.http import HTTPClient
 from lit_rlft.rewards.serve import RewardServer
+from lit_rlft.rollout import EngineJudge
 
 SMALL = TinyConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=1, num_key_value_heads=1,
                    intermediate_size=128, head_dim=64)

@@ -468,7 +468,8 @@ def test_an_engine_judge_generates_through_vllm_reproducibly():
     """A judge model (a separate module from any policy) generating through vLLM: one judgement per request, the
     same judgements for the same call seed, unparsable ones failed alone."""
     from lit_rlft.models.tiny import TinyConfig, char_tokenizer, tiny_qwen2
-    from lit_rlft.rewards import EngineJudge, Failure, JudgeReward, ScoreParser
+    from lit_rlft.rewards import Failure, JudgeReward, ScoreParser
+    from lit_rlft.rollout import EngineJudge
     from lit_rlft.rollout.vllm import VLLMEngine
 
     tok = char_tokenizer()
