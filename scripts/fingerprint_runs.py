@@ -36,8 +36,9 @@ TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 1, "nu
 COIN = "tests.distributed.helpers.coin_reward"
 WALL_TIME = ("time/", "overhead_s", "reference_generation_s", "generation_seconds")
 #: Diagnostics added after the reference fingerprints were made (issue 17: the padding share of the training
-#: passes): left out so that every metric the reference runs logged is compared, value for value.
-ADDED = ("perf/",)
+#: passes; issue 27: generated tokens per purpose): left out so that every metric the reference runs logged is
+#: compared, value for value.
+ADDED = ("perf/", "budget/generated_tokens_")
 
 
 class MemoryLogger(Logger):

@@ -18,14 +18,15 @@ LAYERS: list[set[str]] = [
     {"core"},
     {"selection"},
     {"models", "rewards"},
-    {"rollout", "data"},
+    {"rollout", "data", "envs"},
     {"step"},
     {"callbacks"},
     {"lightning", "reporting"},
     {"cli"},
 ]
-#: A reward model is a model: the rewards load and shard it with the models' helpers.
-SIDEWAYS: set[tuple[str, str]] = {("rewards", "models")}
+#: A reward model is a model: the rewards load and shard it with the models' helpers. Episodes are rolled out with
+#: an environment; an environment's own task (the guessing game's prompts) is a data-set task.
+SIDEWAYS: set[tuple[str, str]] = {("rewards", "models"), ("rollout", "envs"), ("envs", "data")}
 #: Where Lightning may be imported: its adapters, the datamodule (a LightningDataModule) and the command line.
 LIGHTNING_ALLOWED = {"lightning", "callbacks", "cli", "data/datamodule.py"}
 #: Modules of the callbacks package that other callbacks may import (their shared base layer).

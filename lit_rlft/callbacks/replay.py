@@ -131,6 +131,9 @@ class ReplayCallback(RolloutHook, StepCallback):
             prompts=ctx.tokenizer.batch_decode([g.prompt_tokens.tolist() for g in groups],
                                                      skip_special_tokens=True),
             pad_id=pad_id,
+            policy_mask=None if all(g.policy_masks is None for g in groups) else torch.stack(
+                [pad_to(m, c_len, 0) for g in groups
+                 for m in (g.policy_masks or [torch.ones_like(c) for c in g.completion_tokens])]),
         )
 
     # -- step 7: store this step's fresh effective groups ---------------------------------------------------
@@ -164,6 +167,8 @@ class ReplayCallback(RolloutHook, StepCallback):
                 rewards=rollouts.rewards[b, :size].clone(),
                 correct=rollouts.correct[b, :size].clone(),
                 step=int(rollouts.birth_step[b]),
+                policy_masks=None if rollouts.policy_mask is None
+                else [rollouts.policy_mask[r, :n].clone() for r, n in zip(rows, lengths)],
             ))
         return out
 

@@ -79,6 +79,17 @@ class Rollouts:
     pad_id: int = 0
     generation_s: float = 0.0  # engine wall time spent on these rows
     members: Tensor | None = None  # [B, G] bool, the real completions, a prefix of each group (None: all)
+    policy_mask: Tensor | None = None  # [N, L] long, 1 on the policy's own tokens (None: completion_mask)
+
+    @property
+    def loss_mask(self) -> Tensor:
+        """``[N, L]`` long: the tokens the loss, the entropy and the KL are taken over: the policy's own tokens.
+
+        Multi-turn episodes (:mod:`lit_rlft.rollout.episodes`) hold observations (tool results, an environment's
+        messages) inside the completion: they are context (``completion_mask`` 1, attended to and positioned) but not
+        the policy's actions (``policy_mask`` 0). Single-turn rollouts have no ``policy_mask``: it is the
+        completion mask."""
+        return self.completion_mask if self.policy_mask is None else self.policy_mask
 
     @property
     def num_groups(self) -> int:
@@ -155,6 +166,7 @@ class Rollouts:
             pad_id=self.pad_id,
             generation_s=self.generation_s,
             members=None if bool(members.all()) else members,
+            policy_mask=per_row(self.policy_mask, 0),
         )
 
     def widen(self, width: int) -> Rollouts:
@@ -256,6 +268,8 @@ class Rollouts:
             pad_id=pad,
             generation_s=sum(p.generation_s for p in parts),
             members=cat([p.member_mask() for p in parts]) if ragged else None,
+            policy_mask=None if all(p.policy_mask is None for p in parts)
+            else cat([pad_to(p.loss_mask, c_len, 0) for p in parts]),
         )
 
 
@@ -310,6 +324,8 @@ class Rollouts:
             prompts=self.prompts,
             pad_id=pad,
             generation_s=self.generation_s + more.generation_s,
+            policy_mask=None if self.policy_mask is None and more.policy_mask is None
+            else rows(self.loss_mask, more.loss_mask, c_len, 0),
         )
 
 

@@ -22,6 +22,7 @@ from lit_rlft.callbacks.base import as_trainer_output
 from lit_rlft.core.advantages import ScaleRewards
 from lit_rlft.core.distributed import get_collective
 from lit_rlft.core.losses import GRPOLoss
+from lit_rlft.envs.base import Environment
 from lit_rlft.lightning.backend import LightningBackend, fsdp2_mesh
 from lit_rlft.lightning.checkpointing import STEP_KEY, drop_reference_weights, restore_trainer_counters, step_counters
 from lit_rlft.lightning.progress import rollout_progress_bar
@@ -31,7 +32,7 @@ from lit_rlft.models.tiny import TinyConfig
 from lit_rlft.rewards.runner import RewardFunc
 from lit_rlft.rollout.base import RolloutEngine
 from lit_rlft.step.builder import GRPOConfig, build_models, build_step
-from lit_rlft.step.config import GenerationConfig, OptimConfig, merge_moved_keys
+from lit_rlft.step.config import EpisodeConfig, GenerationConfig, OptimConfig, merge_moved_keys
 from lit_rlft.step.optim import configure_adamw
 
 
@@ -52,6 +53,8 @@ class GRPOModule(L.LightningModule):
         loss: GRPOLoss | None = None,
         optim: OptimConfig | None = None,
         scale_rewards: ScaleRewards = "group",
+        environment: Environment | None = None,
+        episodes: EpisodeConfig | None = None,
         **moved: Any,
     ):
         super().__init__()
@@ -62,7 +65,7 @@ class GRPOModule(L.LightningModule):
             model=model, tiny=tiny, dtype=dtype, lora=lora, engine=engine, reward_funcs=reward_funcs,
             reward_weights=reward_weights, reward_timeout_s=reward_timeout_s, reward_workers=reward_workers,
             success_threshold=success_threshold, generation=generation, loss=loss, optim=optim,
-            scale_rewards=scale_rewards)
+            scale_rewards=scale_rewards, environment=environment, episodes=episodes)
         # Plain types only: Lightning loads checkpoints with weights_only=True, which refuses dataclasses.
         self.save_hyperparameters(self.config.plain())
         self.automatic_optimization = False

@@ -182,7 +182,7 @@ def _orphaned(parent: int, owner: int) -> bool:
 
 def _worker_main(
     conn: Connection, funcs: Sequence[Callable[..., Any]], owner: int, parent: int | None, death_signal: bool,
-    progress: Any,
+    progress: Any, call: Callable[[Callable[..., Any], Task], TaskResult] = score_task,
 ) -> None:
     """Worker loop: receive a chunk of tasks, send their results in order (all at the end of the chunk, or those
     held for ``_FLUSH_S`` before the next task starts), until ``None``, EOF or the death of the parent.
@@ -197,6 +197,7 @@ def _worker_main(
         progress: shared ``[position in the chunk, time.monotonic() when it started]`` of the running task (the
             start written first, so that a reader who sees the same position twice around its read of the start
             never pairs a position with an earlier task's start).
+        call: runs one task (:func:`score_task` for rewards; the episode runner's environment steps use another).
     """
     parent = os.getppid() if parent is None else parent
     if death_signal:
@@ -237,7 +238,7 @@ def _worker_main(
             progress[0] = position
             if task.seed is not None:
                 _seed_everything(task.seed)
-            held.append(score_task(funcs[task.func], task))
+            held.append(call(funcs[task.func], task))
         conn.send(held)
 
 
@@ -320,6 +321,10 @@ class WorkerPool:
         timeout_s: the per-task bound, in seconds.
         num_workers: processes (default :func:`default_num_workers`).
         start_method: ``"fork"``, ``"forkserver"`` or ``"spawn"`` (default: fork where available).
+        call: how a worker runs one task, ``call(funcs[task.func], task) -> TaskResult`` (default
+            :func:`score_task`: a reward function's one score); a module-level function (it reaches the workers as
+            their target's argument).
+        name: the workers' process name.
     """
 
     def __init__(
@@ -328,10 +333,13 @@ class WorkerPool:
         timeout_s: float,
         num_workers: int | None = None,
         start_method: str | None = None,
+        call: Callable[[Callable[..., Any], Task], TaskResult] = score_task,
+        name: str = "lit-rlft-reward",
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         self.funcs = list(funcs)
+        self.call, self.name = call, name
         self.timeout_s = float(timeout_s)
         self.num_workers = default_num_workers() if num_workers is None else int(num_workers)
         if self.num_workers < 1:
@@ -360,8 +368,8 @@ class WorkerPool:
         # main thread.
         death_signal = forkserver or threading.current_thread() is threading.main_thread()
         progress = self._ctx.RawArray(ctypes.c_double, 2)
-        args = (child, self.funcs, os.getpid(), None if forkserver else os.getpid(), death_signal, progress)
-        process = self._ctx.Process(target=_worker_main, args=args, daemon=True, name="lit-rlft-reward")
+        args = (child, self.funcs, os.getpid(), None if forkserver else os.getpid(), death_signal, progress, self.call)
+        process = self._ctx.Process(target=_worker_main, args=args, daemon=True, name=self.name)
         self._opening = parent  # the at-fork hook closes it in the child: a worker must not hold its own pipe open
         try:
             process.start()

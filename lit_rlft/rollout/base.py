@@ -53,6 +53,7 @@ class GenerationOutput:
     completion_mask: Tensor  # [N, L] long, 1 on generated tokens (EOS included)
     logprobs: Tensor | None  # [N, L] float32, log-probs of the distribution actually sampled from (if asked)
     finish_reasons: list[FinishReason]  # [N]
+    policy_mask: Tensor | None = None  # [N, L] long, 1 on the policy's tokens (multi-turn episodes; None: the mask)
 
     @property
     def num_tokens(self) -> int:

@@ -20,6 +20,7 @@ import torch
 
 from lit_rlft.core.types import Rollouts, left_pad
 from lit_rlft.rollout.base import GenerationOutput, RolloutEngine, SamplingConfig
+from lit_rlft.rollout.episodes import EpisodeRunner
 
 Split = Literal["train", "val"]
 
@@ -51,12 +52,20 @@ class RolloutWorker:
         score_chunks: generate each call's prompts in this many chunks of whole groups, and score each chunk (in a
             thread) while the next one generates (1: one generate call, then scoring). Samples differ from one call's
             (the random stream is consumed chunk by chunk), so it is off by default.
+        episodes: roll out multi-turn episodes with an environment
+            (:class:`~lit_rlft.rollout.episodes.EpisodeRunner`); None: one completion per row. The reward functions
+            then score each whole episode's text and receive the columns ``env_reward``, ``turns``, ``tool_calls``
+            and ``tool_failures``; observation tokens are left out of the loss (``Rollouts.policy_mask``).
     """
 
     def __init__(self, engine: RolloutEngine, rewards: Callable[..., Any], tokenizer: Any,
-                 success_threshold: float = 1.0, score_chunks: int = 1):
+                 success_threshold: float = 1.0, score_chunks: int = 1, episodes: EpisodeRunner | None = None):
         if score_chunks < 1:
             raise ValueError(f"model.generation.score_chunks must be >= 1, got {score_chunks}")
+        if score_chunks > 1 and episodes is not None:
+            raise ValueError("model.generation.score_chunks > 1 does not apply to multi-turn episodes "
+                             "(model.environment): set it to 1")
+        self.episodes = episodes
         self.engine = engine
         self.rewards = rewards
         self.tokenizer = tokenizer
@@ -88,8 +97,24 @@ class RolloutWorker:
         G = num_generations
         ids = np.asarray(prompt_ids, dtype=np.int64)
         prompts = source.prompt_tokens(ids, split)
-        columns = {k: [v for v in vals for _ in range(G)] for k, vals in source.reward_columns(ids, split).items()}
-        if self.score_chunks > 1 and len(ids) > 1:
+        raw_columns = source.reward_columns(ids, split)
+        columns = {k: [v for v in vals for _ in range(G)] for k, vals in raw_columns.items()}
+        episode_stats = None
+        if self.episodes is not None:
+            rows = [{k: vals[b] for k, vals in raw_columns.items()} for b in range(len(ids))]
+            t0 = time.perf_counter()
+            try:
+                episodes = self.episodes.run(self.engine, prompts, rows, G, sampling, seed)
+            except Exception as exc:
+                setattr(exc, GENERATION_FAILED_ATTR, True)
+                raise
+            seconds = time.perf_counter() - t0
+            out = episodes.output
+            columns.update(env_reward=episodes.env_rewards, turns=episodes.turns, tool_calls=episodes.tool_calls,
+                           tool_failures=episodes.tool_failures)
+            texts, scored = self._score(out, columns, G)
+            episode_stats = episodes.stats()
+        elif self.score_chunks > 1 and len(ids) > 1:
             out, texts, scored, seconds = self._chunked(prompts, columns, G, sampling, seed)
         else:
             t0 = time.perf_counter()
@@ -115,7 +140,11 @@ class RolloutWorker:
             prompts=source.prompt_texts(ids, split),
             pad_id=self.tokenizer.pad_token_id,
             generation_s=seconds,
+            policy_mask=None if out.policy_mask is None or torch.equal(out.policy_mask, out.completion_mask)
+            else out.policy_mask,
         )
+        if episode_stats is not None:
+            scored.episodes = episode_stats
         return rollouts, scored
 
     def _generate(self, prompts: list[list[int]], G: int, sampling: SamplingConfig, seed: int | None) -> Any:
@@ -130,7 +159,8 @@ class RolloutWorker:
         texts = self.tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
         columns = dict(columns)
         # tokens of each completion, for length-aware rewards (DAPO's soft overlong punishment)
-        columns.setdefault("completion_length", out.completion_mask.sum(-1).tolist())
+        policy = out.completion_mask if out.policy_mask is None else out.policy_mask
+        columns.setdefault("completion_length", policy.sum(-1).tolist())  # the policy's tokens
         if getattr(self.rewards, "batched", None):  # reward models, judges, remote scorers: token ids, whole groups
             lengths = out.completion_mask.sum(-1).tolist()
             columns["completion_ids"] = [row[:n] for row, n in zip(out.completion_ids.tolist(), lengths)]

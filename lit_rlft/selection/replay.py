@@ -56,6 +56,9 @@ class StoredGroup:
     """``[G]`` bool: whether each completion is correct (reward >= success threshold)."""
     step: int
     """Training step that generated the group."""
+    policy_masks: list[torch.Tensor] | None = None
+    """``G`` tensors ``[L_i]`` long: 1 on the policy's own tokens of each completion, 0 on observations inside it
+    (multi-turn episodes); None: every completion token is the policy's."""
 
     @property
     def num_generations(self) -> int:
@@ -117,6 +120,10 @@ class StoredGroup:
                 )
             if not logprobs.is_floating_point():
                 raise TypeError(f"prompt {pid}: `behaviour_logprobs[{i}]` must be float, got dtype {logprobs.dtype}")
+        masks = self.policy_masks
+        if masks is not None and (len(masks) != g or any(m.shape != t.shape
+                                                         for m, t in zip(masks, self.completion_tokens))):
+            raise ValueError(f"prompt {pid}: `policy_masks` must be G={g} tensors shaped like `completion_tokens`")
 
     def to_cpu(self) -> StoredGroup:
         """A copy whose tensors are detached and on the CPU (no data copy for tensors already there)."""
@@ -129,6 +136,7 @@ class StoredGroup:
             rewards=self.rewards.detach().cpu(),
             correct=self.correct.detach().cpu(),
             step=int(self.step),
+            policy_masks=None if self.policy_masks is None else [t.detach().cpu() for t in self.policy_masks],
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -142,6 +150,7 @@ class StoredGroup:
             "rewards": self.rewards,  # [G]
             "correct": self.correct,  # [G]
             "step": int(self.step),
+            **({} if self.policy_masks is None else {"policy_masks": torch.cat(list(self.policy_masks))}),
         }
 
     @classmethod
@@ -156,6 +165,8 @@ class StoredGroup:
             rewards=state["rewards"],
             correct=state["correct"],
             step=int(state["step"]),
+            policy_masks=[t.clone() for t in torch.split(state["policy_masks"], lengths)]
+            if "policy_masks" in state else None,
         )
 
 

@@ -20,12 +20,15 @@ from torch import nn
 
 from lit_rlft.core.advantages import ScaleRewards
 from lit_rlft.core.losses import GRPOLoss
+from lit_rlft.envs.base import Environment
+from lit_rlft.envs.formats import observation_format
 from lit_rlft.models.loading import LoRAConfig, build_policy, load_tokenizer_for
 from lit_rlft.models.tiny import TinyConfig
 from lit_rlft.rewards.runner import RewardFunc, RewardRunner, resolve_reward
 from lit_rlft.rollout.base import RolloutEngine
+from lit_rlft.rollout.episodes import EpisodeRunner
 from lit_rlft.rollout.hf import HFEngine
-from lit_rlft.step.config import GenerationConfig, OptimConfig, as_config
+from lit_rlft.step.config import EpisodeConfig, GenerationConfig, OptimConfig, as_config
 from lit_rlft.step.grpo import GRPOStep
 
 __all__ = ["GRPOConfig", "build_models", "build_step"]
@@ -55,6 +58,9 @@ class GRPOConfig:
         loss: the policy loss (:class:`~lit_rlft.core.losses.GRPOLoss`, TRL's option names).
         optim: AdamW, its schedule and the batch split (:class:`~lit_rlft.step.config.OptimConfig`).
         scale_rewards: ``group`` (GRPO), ``batch`` or ``none`` (Dr. GRPO) advantage normalisation.
+        environment: roll out multi-turn episodes with this environment (:class:`~lit_rlft.envs.Environment`, e.g.
+            :class:`~lit_rlft.envs.ToolEnvironment`); None: one completion per prompt row.
+        episodes: the episodes' limits (:class:`~lit_rlft.step.config.EpisodeConfig`), with ``environment``.
 
     Nested settings may be given as dicts (``generation={"temperature": 0.7}``); they are checked here, once.
     """
@@ -73,12 +79,18 @@ class GRPOConfig:
     loss: GRPOLoss = field(default_factory=GRPOLoss)
     optim: OptimConfig = field(default_factory=OptimConfig)
     scale_rewards: ScaleRewards = "group"
+    environment: Environment | None = None
+    episodes: EpisodeConfig = field(default_factory=EpisodeConfig)
 
     def __post_init__(self) -> None:
         self.tiny, self.lora = as_config(TinyConfig, self.tiny, None), as_config(LoRAConfig, self.lora, None)
         self.generation = as_config(GenerationConfig, self.generation)
         self.loss = as_config(GRPOLoss, self.loss)
         self.optim = as_config(OptimConfig, self.optim)
+        self.episodes = as_config(EpisodeConfig, self.episodes)
+        if self.environment is not None and not isinstance(self.environment, Environment):
+            raise TypeError("environment must be a lit_rlft.envs.Environment, got "
+                            f"{type(self.environment).__name__}")
         self.reward_funcs = list(self.reward_funcs or [])
         if not self.reward_funcs:
             raise ValueError("reward_funcs is empty: give at least one, e.g. lit_rlft.rewards.countdown_reward")
@@ -92,8 +104,8 @@ class GRPOConfig:
         """The settings as plain types (what a checkpoint's hyper-parameters hold): nested configs as dicts; the
         engine and the reward callables, which are objects, left out."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name not in ("engine", "reward_funcs")}
-        for name in ("tiny", "lora", "generation", "loss", "optim"):
+               if f.name not in ("engine", "reward_funcs", "environment")}
+        for name in ("tiny", "lora", "generation", "loss", "optim", "episodes"):
             value = out[name]
             out[name] = dataclasses.asdict(value) if value is not None else None
         return out
@@ -105,10 +117,18 @@ def build_step(config: GRPOConfig, models: bool = True, mesh: Any = None) -> GRP
     attached, which sets the engine up. ``step.config`` keeps ``config``."""
     rewards = RewardRunner([resolve_reward(f) for f in config.reward_funcs], weights=config.reward_weights,
                            timeout_s=config.reward_timeout_s, num_workers=config.reward_workers)
+    tokenizer = load_tokenizer_for(config.model)
+    episodes = None
+    if config.environment is not None:
+        env, ep = config.environment, config.episodes
+        episodes = EpisodeRunner(env, tokenizer, observation_format(ep.observation_format, tokenizer,
+                                                                     env.tool_schemas()),
+                                 max_turns=ep.max_turns, max_tokens=ep.max_tokens, timeout_s=ep.timeout_s,
+                                 num_workers=ep.num_workers)
     step = GRPOStep(config.engine if config.engine is not None else HFEngine(), rewards,
-                    load_tokenizer_for(config.model), generation=config.generation, loss=config.loss,
+                    tokenizer, generation=config.generation, loss=config.loss,
                     optim=config.optim, scale_rewards=config.scale_rewards,
-                    success_threshold=config.success_threshold)
+                    success_threshold=config.success_threshold, episodes=episodes)
     step.config = config
     if models:
         step.attach(*build_models(config, mesh))

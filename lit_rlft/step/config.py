@@ -19,7 +19,7 @@ from typing import Any, Literal
 from lit_rlft.rollout.base import SamplingConfig, check_sampling
 from lit_rlft.step.optim import check_schedule
 
-__all__ = ["GenerationConfig", "MOVED_KEYS", "OptimConfig", "moved_key_message", "nest_flat_options"]
+__all__ = ["EpisodeConfig", "GenerationConfig", "MOVED_KEYS", "OptimConfig", "moved_key_message", "nest_flat_options"]
 
 
 @dataclass
@@ -88,6 +88,39 @@ class GenerationConfig:
         """The engine's settings for validation."""
         temperature = self.temperature if self.eval_temperature is None else self.eval_temperature
         return SamplingConfig(temperature, self.top_p, self.top_k, self.max_completion_length)
+
+
+@dataclass
+class EpisodeConfig:
+    """Multi-turn episodes, when ``model.environment`` is set (:mod:`lit_rlft.rollout.episodes`).
+
+    Args:
+        max_turns: policy turns per episode at most (1: single-turn rollouts that the environment scores).
+        max_tokens: tokens after the prompt per episode at most, observations included (TRL's
+            ``max_completion_length`` over a tool-calling episode); None: ``generation.max_completion_length``. Each
+            turn is also at most ``generation.max_completion_length`` tokens.
+        timeout_s: bound on one environment step (its tool calls), in seconds; past it the episode hears an error.
+        num_workers: environment worker processes per rank (default: as the reward workers).
+        observation_format: ``chat`` (the tokenizer's chat template renders observations), ``text`` (plain text,
+            for models without one) or ``auto`` (chat when the tokenizer has a template).
+    """
+
+    max_turns: int = 4
+    max_tokens: int | None = None
+    timeout_s: float = 10.0
+    num_workers: int | None = None
+    observation_format: Literal["auto", "chat", "text"] = "auto"
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1:
+            raise ValueError(f"model.episodes.max_turns must be >= 1, got {self.max_turns}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"model.episodes.max_tokens must be >= 1, got {self.max_tokens}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"model.episodes.timeout_s must be > 0, got {self.timeout_s}")
+        if self.observation_format not in ("auto", "chat", "text"):
+            raise ValueError("model.episodes.observation_format must be 'auto', 'chat' or 'text', got "
+                             f"{self.observation_format!r}")
 
 
 @dataclass

@@ -40,6 +40,7 @@ from lit_rlft.core.losses import GRPOLoss
 from lit_rlft.core.types import OutcomeRecord, Rollouts
 from lit_rlft.models.sharding import hf_model, is_sharded
 from lit_rlft.rollout.base import RolloutEngine, SamplingConfig, stop_token_ids
+from lit_rlft.rollout.episodes import EpisodeRunner
 from lit_rlft.rollout.hf import HFEngine
 from lit_rlft.rollout.worker import RolloutWorker, Split
 from lit_rlft.step.budget import RolloutBudget
@@ -47,7 +48,7 @@ from lit_rlft.step.config import GenerationConfig, OptimConfig
 from lit_rlft.step.context import PromptData, RolloutHook, StepOutput, StopCondition
 from lit_rlft.step.metrics import ValidationMetrics, rollout_metrics
 from lit_rlft.step.pipeline import AsyncRollouts
-from lit_rlft.step.rewards_report import RewardFailureLog, failure_counts
+from lit_rlft.step.rewards_report import RewardFailureLog, episode_metrics, episode_sums, failure_counts
 from lit_rlft.step.seeding import StepSeeds
 from lit_rlft.step.update import PolicyUpdater, UpdateBackend
 
@@ -74,6 +75,8 @@ class GRPOStep:
         optim: how each rollout batch is split into optimizer steps (the optimizer itself is the backend's).
         scale_rewards: ``group`` (GRPO), ``batch`` or ``none`` (Dr. GRPO) advantage normalisation.
         success_threshold: a completion is correct when its total reward is at least this.
+        episodes: multi-turn episodes with an environment (:class:`~lit_rlft.rollout.episodes.EpisodeRunner`);
+            None: one completion per prompt row.
 
     Usually built by :func:`~lit_rlft.step.builder.build_step` from a ``GRPOConfig``. Before the first step:
     :meth:`attach` (the policy; the builder does it), :meth:`bind` (the prompt data, the ranks, the callbacks, where to
@@ -83,7 +86,7 @@ class GRPOStep:
     def __init__(self, engine: RolloutEngine, rewards: Callable[..., Any], tokenizer: Any, *,
                  generation: GenerationConfig | None = None, loss: GRPOLoss | None = None,
                  optim: OptimConfig | None = None, scale_rewards: ScaleRewards = "group",
-                 success_threshold: float = 1.0):
+                 success_threshold: float = 1.0, episodes: EpisodeRunner | None = None):
         if scale_rewards not in ("group", "batch", "none"):
             raise ValueError(f"model.scale_rewards must be one of group, batch, none; got {scale_rewards!r}")
         self.generation = generation or GenerationConfig()
@@ -95,7 +98,8 @@ class GRPOStep:
         self.updater = PolicyUpdater(loss, self.generation.temperature, self.optim)  # the one holder of the loss
         self.config: GRPOConfig | None = None  # what build_step built this step from
         self.tokenizer = tokenizer
-        self.worker = RolloutWorker(engine, rewards, tokenizer, success_threshold, self.generation.score_chunks)
+        self.worker = RolloutWorker(engine, rewards, tokenizer, success_threshold, self.generation.score_chunks,
+                                    episodes=episodes)
         g = self.generation
         self.pipeline = AsyncRollouts(g.async_depth, g.async_timeout_s, g.async_threads, g.async_device) \
             if g.async_depth else None  # asynchronous rollouts: generation in a process of its own
@@ -118,6 +122,7 @@ class GRPOStep:
         self._log_dir = "."
         self._log_step = 0
         self._generation_s = 0.0
+        self._episode_sums: dict[str, float] = {}
         self._sync_s = 0.0
         self._no_signal_warned = -math.inf
         self._stop: str | None = None
@@ -321,7 +326,7 @@ class GRPOStep:
         """What a rank sends about its rollouts: the outcome record of its first ``valid`` groups (all: None), the
         cost, the reward failure counts."""
         cost = {"prompts": local.num_groups, "completions": local.num_completions,
-                "tokens": int(local.completion_mask.sum()), "seconds": local.generation_s}
+                "tokens": int(local.loss_mask.sum()), "seconds": local.generation_s}
         kept = local.select_groups(torch.arange(valid)) if valid is not None and valid < local.num_groups else local
         return OutcomeRecord.from_rollouts(kept), cost, failures
 
@@ -335,10 +340,14 @@ class GRPOStep:
         parts = coll.gather_checked(payload, error, f"generating and scoring {purpose} rollouts", join=join)
         record = OutcomeRecord.concat([p[0] for p in parts])
         seconds = max(p[1]["seconds"] for p in parts)  # wall time: the ranks generate side by side
+        episodes = episode_sums([p[2].get("episodes") for p in parts])
         if purpose != "eval":
             self.budget.add(sum(p[1]["prompts"] for p in parts), sum(p[1]["completions"] for p in parts),
-                            sum(p[1]["tokens"] for p in parts), seconds, purpose)
+                            sum(p[1]["tokens"] for p in parts), seconds, purpose,
+                            tool_calls=int(episodes.get("tool_calls", 0)))
             self._generation_s += seconds
+            for k, v in episodes.items():
+                self._episode_sums[k] = self._episode_sums.get(k, 0.0) + v
         self.reward_failures.add([p[2] for p in parts])
         self.reward_failures.warn(coll.rank == 0, getattr(self.rewards, "fallback", 0.0))
         return record
@@ -376,6 +385,7 @@ class GRPOStep:
         t_step = time.perf_counter()
         self._log_step = self.rollout_step
         self._generation_s = 0.0
+        self._episode_sums = {}
         self.seeds.reseed(self.rollout_step, salt=0, rank=self.collective.rank)
         if self.pipeline is None:
             prompt_ids = self.plan_batch()  # 1
@@ -451,6 +461,7 @@ class GRPOStep:
         metrics.update({f"rewards/{k}/mean": float(np.nanmean(v.numpy())) for k, v in fresh.reward_per_func.items()
                         if v.numel() and not bool(torch.isnan(v).all())})
         metrics.update({f"rewards/{k}": float(v) for k, v in self.reward_failures.totals.items()})
+        metrics.update(episode_metrics(self._episode_sums))
         metrics["time/generation_s"] = self._generation_s
         metrics["time/weight_sync_s"] = self._sync_s
         if self.engine.last_sync_bytes is not None:  # engines with their own weights (vLLM)
@@ -551,10 +562,12 @@ class GRPOStep:
             self.pipeline.load_state_dict(state.get("async", {}))
 
     def close(self) -> None:
-        """Stop the reward worker processes and the generation process (idempotent; a later rollout starts them
-        again)."""
+        """Stop the reward and environment worker processes and the generation process (idempotent; a later
+        rollout starts them again)."""
         close = getattr(self.rewards, "close", None)
         if close is not None:
             close()
+        if self.worker.episodes is not None:  # the environment's worker processes
+            self.worker.episodes.close()
         if self.pipeline is not None:
             self.pipeline.close()

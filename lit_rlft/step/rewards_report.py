@@ -14,7 +14,7 @@ import warnings
 from collections import defaultdict
 from typing import Any
 
-__all__ = ["RewardFailureLog", "failure_counts"]
+__all__ = ["RewardFailureLog", "episode_metrics", "episode_sums", "failure_counts"]
 
 KINDS = {"num_errors": "raised", "num_timeouts": "timed out", "num_unscored": "gave no finite score"}
 
@@ -27,8 +27,12 @@ def failure_counts(result: Any) -> dict[str, Any]:
     if per_func is None:
         per_func = {"rewards": {k: int(getattr(result, k, 0)) for k in KINDS}}
     functions = {name: {k: int(v) for k, v in counts.items() if v} for name, counts in per_func.items()}
-    return {"num_calls": 1, "functions": {n: c for n, c in functions.items() if c},
-            "examples": dict(getattr(result, "examples", {}) or {})}
+    out = {"num_calls": 1, "functions": {n: c for n, c in functions.items() if c},
+           "examples": dict(getattr(result, "examples", {}) or {})}
+    episodes = getattr(result, "episodes", None)  # multi-turn rollouts: sums over the call's episodes
+    if episodes:
+        out["episodes"] = dict(episodes)
+    return out
 
 
 class RewardFailureLog:
@@ -88,3 +92,35 @@ class RewardFailureLog:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.totals = {k: int(v) for k, v in state.items()}
+
+
+def episode_sums(parts: list[dict[str, float] | None]) -> dict[str, float]:
+    """Every rank's multi-turn episode sums (:meth:`~lit_rlft.rollout.episodes.EpisodeOutput.stats`) added up; empty
+    without an environment."""
+    out: dict[str, float] = {}
+    for part in parts:
+        for k, v in (part or {}).items():
+            out[k] = out.get(k, 0.0) + float(v)
+    return out
+
+
+def episode_metrics(sums: dict[str, float]) -> dict[str, float]:
+    """TensorBoard scalars under ``episodes/`` from a step's summed episode counts (empty without an environment):
+    means per episode of turns, tool calls, policy and observation tokens; the tool failure rate; the share of
+    episodes the environment ended (the rest hit ``max_turns`` or the token budget) and of truncated ones; the
+    environment steps that raised or timed out."""
+    n = sums.get("episodes", 0.0)
+    if not n:
+        return {}
+    calls = sums.get("tool_calls", 0.0)
+    return {
+        "episodes/turns_mean": sums.get("turns", 0.0) / n,
+        "episodes/tool_calls_mean": calls / n,
+        "episodes/tool_failure_rate": sums.get("tool_failures", 0.0) / calls if calls else 0.0,
+        "episodes/policy_tokens_mean": sums.get("policy_tokens", 0.0) / n,
+        "episodes/observation_tokens_mean": sums.get("observation_tokens", 0.0) / n,
+        "episodes/ended_by_env": sums.get("ended_by_env", 0.0) / n,
+        "episodes/truncated": sums.get("truncated", 0.0) / n,
+        "episodes/env_errors": sums.get("env_errors", 0.0),
+        "episodes/env_timeouts": sums.get("env_timeouts", 0.0),
+    }

@@ -165,7 +165,7 @@ class PolicyUpdater:
         """A micro-batch's share of its mini-batch's loss (:meth:`GRPOLoss.micro_batch_weight`; 0 when empty)."""
         if len(rows) == 0:
             return 0.0
-        return self.loss_fn.micro_batch_weight(rollouts.completion_mask[rows], rollouts.truncated[rows])
+        return self.loss_fn.micro_batch_weight(rollouts.loss_mask[rows], rollouts.truncated[rows])
 
     def logprobs(self, backend: UpdateBackend, rollouts: Rollouts, rows: Tensor, with_entropy: bool = False,
                  entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -275,13 +275,13 @@ class PolicyUpdater:
                     entropy = self.logprobs(backend, rollouts, rows if len(rows) else rollouts.member_rows()[:1],
                                             with_entropy=True)[1].cpu()  # an empty micro-batch: a dummy pass
                     if len(rows):
-                        parts.append(entropy[loss.token_mask(rollouts.completion_mask[rows], rollouts.truncated[rows])])
+                        parts.append(entropy[loss.token_mask(rollouts.loss_mask[rows], rollouts.truncated[rows])])
                 local = torch.cat(parts)  # [this rank's loss tokens]
             values = local if not collective.is_distributed else torch.cat(collective.all_gather(local))
             threshold = entropy_threshold(values, loss.top_entropy_quantile)
             count = float((values >= threshold).sum())
         elif loss.entropy_bonus:
-            count = float(sum(int(loss.token_mask(rollouts.completion_mask[rows], rollouts.truncated[rows]).sum())
+            count = float(sum(int(loss.token_mask(rollouts.loss_mask[rows], rollouts.truncated[rows]).sum())
                               for rows in micro))
             if collective.is_distributed:
                 count = float(sum(collective.all_gather(count)))
@@ -332,7 +332,7 @@ class PolicyUpdater:
         loss_fn = self.loss_fn
         logprobs, entropy = self.logprobs(backend, rollouts, rows, with_entropy=True,
                                           entropy_grad=loss_fn.entropy_bonus)  # [n, L] each
-        mask = rollouts.completion_mask[rows].to(device)  # [n, L]
+        mask = rollouts.loss_mask[rows].to(device)  # [n, L] the policy's own tokens
         old_rows = logprobs.detach() if old is None else old[rows].to(device)  # [n, L]
         engine = rollouts.engine_logprobs
         replay_host = rollouts.is_replay.repeat_interleave(rollouts.group_size)[rows]  # [n]

@@ -1,0 +1,234 @@
+"""A small multi-turn game for testing and demonstrating multi-turn rollouts: guess a number, told higher or lower.
+
+:class:`GuessNumberTask` generates the prompts (a ``target`` per row, from a small range so that a tiny model can
+learn the game); :class:`GuessNumberEnv` plays the other side. Each policy turn must hold ``<guess>N</guess>``: a
+right guess ends the episode with reward 1, a turn without a readable guess ends it with reward 0, and a wrong
+guess is answered ``"higher"`` or ``"lower"`` (a ``user`` message) for the policy to guess again. An episode cut by
+the turn limit before the right guess scores 0 (:func:`~lit_rlft.envs.base.environment_reward`). A policy that
+learns binary search needs at most ``ceil(log2(high - low + 2))`` turns (5 for ``1..16``).
+"""
+
+from __future__ import annotations
+
+import numbers
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from lit_rlft.data.sources import Record
+from lit_rlft.data.tasks import (
+    MAX_CONSECUTIVE_REJECTIONS,
+    Split,
+    Task,
+    _check_common,
+    _keep,
+    _too_small,
+    held_out,
+)
+from lit_rlft.envs.base import Environment, EnvStep, Message
+
+__all__ = ["GuessNumberEnv", "GuessNumberTask", "binary_search_guesses", "guess_number_key", "parse_guess"]
+
+_OPEN, _CLOSE = "<guess>", "</guess>"
+MAX_GUESS_CHARS = 32
+"""Longest content of a ``<guess>`` tag read as a number (longer is no guess)."""
+
+
+def parse_guess(text: str) -> int | None:
+    """The integer in the last closed ``<guess>...</guess>`` of ``text`` (from the last ``<guess>`` before the last
+    ``</guess>``, surrounding whitespace allowed); None when there is none or its content is not an integer.
+    Linear time (two reverse searches)."""
+    end = text.rfind(_CLOSE)
+    start = text.rfind(_OPEN, 0, end) if end != -1 else -1
+    if start == -1:
+        return None
+    return _as_int(text[start + len(_OPEN) : end])
+
+
+def _as_int(value: Any) -> int | None:
+    """An integer column value (int, integral float, numeric string) as an int; None for anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    if isinstance(value, str):
+        text = value.strip()
+        digits = text[1:] if text[:1] in ("+", "-") else text
+        return int(text) if digits.isascii() and digits.isdigit() and len(text) <= MAX_GUESS_CHARS else None
+    return None
+
+
+class GuessNumberEnv(Environment):
+    """Guess the number: ``"higher"`` / ``"lower"`` after each wrong guess, reward 1.0 for the right one.
+
+    ``step`` reads the last ``<guess>N</guess>`` of the policy's last turn (:func:`parse_guess`): equal to the row's
+    target, ``EnvStep(done=True, reward=1.0)``; none readable, ``EnvStep(done=True, reward=0.0)``; otherwise the
+    observation ``{"role": "user", "content": "higher"}`` (the target is higher than the guess) or ``"lower"``.
+    A guess outside the bounds is answered the same way. Score episodes with
+    :func:`~lit_rlft.envs.base.environment_reward`.
+
+    Args:
+        target_column: the row's integer column holding the number to guess.
+        low: smallest possible target when the row has no ``low_column``.
+        high: largest possible target when the row has no ``high_column``.
+        low_column: the row's optional column overriding ``low``.
+        high_column: the row's optional column overriding ``high``.
+        name: shown in the logs and in failure messages.
+
+    Raises (from ``step``):
+        ValueError: the row has no integer target, or its target is outside ``[low, high]`` (a data error).
+    """
+
+    def __init__(
+        self,
+        target_column: str = "target",
+        low: int = 1,
+        high: int = 100,
+        low_column: str = "low",
+        high_column: str = "high",
+        name: str = "guess_number",
+    ) -> None:
+        if low > high:
+            raise ValueError(f"GuessNumberEnv: low ({low}) must be <= high ({high})")
+        self.target_column = target_column
+        self.low, self.high = int(low), int(high)
+        self.low_column, self.high_column = low_column, high_column
+        self.name = name
+
+    def target(self, row: dict[str, Any]) -> int:
+        """The row's target, checked against its bounds."""
+        if self.target_column not in row:
+            raise ValueError(f"{self.name}: the row has no column {self.target_column!r} (the number to guess; "
+                             f"columns: {sorted(row)})")
+        target = _as_int(row[self.target_column])
+        if target is None:
+            raise ValueError(f"{self.name}: column {self.target_column!r} must be an integer, got "
+                             f"{row[self.target_column]!r}")
+        low, high = self.low, self.high
+        for column, what in ((self.low_column, "low"), (self.high_column, "high")):
+            if row.get(column) is not None:
+                value = _as_int(row[column])
+                if value is None:
+                    raise ValueError(f"{self.name}: column {column!r} ({what} bound) must be an integer, got "
+                                     f"{row[column]!r}")
+                low, high = (value, high) if what == "low" else (low, value)
+        if not low <= target <= high:
+            raise ValueError(f"{self.name}: target {target} is outside [{low}, {high}]")
+        return target
+
+    def step(self, messages: Sequence[Message], row: dict[str, Any]) -> EnvStep:
+        """Answer the guess of ``messages[-1]`` (see the class docstring)."""
+        if not messages:
+            raise ValueError(f"{self.name}: step needs the episode's messages (got none)")
+        target = self.target(row)
+        guess = parse_guess(messages[-1].get("content") or "")
+        if guess is None:
+            return EnvStep(done=True, reward=0.0)
+        if guess == target:
+            return EnvStep(done=True, reward=1.0)
+        return EnvStep(observation=[{"role": "user", "content": "higher" if target > guess else "lower"}])
+
+
+# ------------------------------------------------------------------------------------------------------------ task
+
+
+def guess_number_key(low: int, high: int, target: int) -> str:
+    """Canonical key of an instance, for the held-out hash: ``"guess:1-16>7"``."""
+    return f"guess:{low}-{high}>{target}"
+
+
+def binary_search_guesses(low: int, high: int, target: int) -> int:
+    """Guesses that binary search (guessing the midpoint ``(low + high) // 2``) needs to find ``target``:
+    1 for the first midpoint, up to ``ceil(log2(high - low + 2))``."""
+    guesses = 0
+    while low <= high:
+        guesses += 1
+        mid = (low + high) // 2
+        if mid == target:
+            return guesses
+        low, high = (mid + 1, high) if target > mid else (low, mid - 1)
+    raise ValueError(f"target {target} is outside the range")
+
+
+class GuessNumberTask(Task):
+    """Guess-the-number prompts for :class:`GuessNumberEnv`: each instance draws its target uniformly from
+    ``low..high``, redrawn until it falls in the requested split (and, with ``unique``, is new).
+
+    Record fields: ``prompt`` (``"Guess my number between 1 and 16. Answer with <guess>N</guess>.\\n"``),
+    ``target`` (int), ``low``, ``high`` (int), ``answer`` (``str(target)``, so the datamodule's default
+    ``answer_field`` works) and ``difficulty`` (the guesses binary search needs, :func:`binary_search_guesses`).
+
+    The held-out hash is over :func:`guess_number_key`, so ``split="test"`` holds targets that ``"train"`` never
+    has (binary search generalises to them; memorised answers do not). For a validation pool of the training
+    distribution, use ``split="train"`` with another seed.
+
+    Args:
+        size: Number of instances.
+        low: Smallest target.
+        high: Largest target (``1..16`` by default: a tiny model can learn it).
+        split: ``"train"`` (not held out), ``"test"`` (held out) or ``"all"``.
+        held_out_fraction: Fraction of targets held out, by a fixed hash.
+        seed: Random seed; the same arguments give the same records.
+        unique: Keep only the first instance of each target (``size`` at most the split's number of targets).
+    """
+
+    def __init__(
+        self,
+        size: int = 1000,
+        low: int = 1,
+        high: int = 16,
+        split: Split = "train",
+        held_out_fraction: float = 0.2,
+        seed: int = 0,
+        unique: bool = False,
+    ) -> None:
+        _check_common(size, held_out_fraction, split)
+        if not isinstance(low, int) or not isinstance(high, int) or low > high:
+            raise ValueError(f"low and high must be integers with low <= high, got low={low!r}, high={high!r}")
+        self.size = size
+        self.low = low
+        self.high = high
+        self.split = split
+        self.held_out_fraction = held_out_fraction
+        self.seed = seed
+        self.unique = unique
+
+    def records(self) -> list[Record]:
+        """Generate the instances (deterministic for the arguments)."""
+        rng = random.Random(self.seed)
+        out: list[Record] = []
+        seen: set[int] = set()
+        prompt = f"Guess my number between {self.low} and {self.high}. Answer with <guess>N</guess>.\n"
+        while len(out) < self.size:
+            rejected = 0
+            while True:
+                target = rng.randint(self.low, self.high)
+                key = guess_number_key(self.low, self.high, target)
+                if _keep(self.split, held_out(key, self.held_out_fraction)) and not (self.unique and target in seen):
+                    break
+                rejected += 1
+                if rejected >= MAX_CONSECUTIVE_REJECTIONS:
+                    raise _too_small(
+                        "GuessNumberTask",
+                        len(out),
+                        self.size,
+                        f"targets {self.low}..{self.high}, split={self.split!r}, unique={self.unique}: lower size, "
+                        "widen the range, or set unique=False",
+                    )
+            seen.add(target)
+            out.append(
+                Record(
+                    {
+                        "prompt": prompt,
+                        "target": target,
+                        "low": self.low,
+                        "high": self.high,
+                        "answer": str(target),
+                        "difficulty": binary_search_guesses(self.low, self.high, target),
+                    },
+                    f"generated:guess_number#{len(out)}",
+                )
+            )
+        return out
