@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from lit_rlft import build_step
+from lit_rlft.callbacks import ReplayCallback
 from lit_rlft.envs.base import Environment, EnvStep
 from lit_rlft.step import TorchBackend
 from lit_rlft.step.optim import configure_adamw
@@ -20,26 +21,34 @@ class Ends(Environment):
 
 
 class TwoTurns(Environment):
-    """Answers the first turn with the target, ends the second; rewards 1 when the second turn is short."""
+    """Answers the first turn with the target, ends the second; rewards 1 when the second turn has an odd number of
+    distinct characters (a coin flip that depends on the episode)."""
 
     name = "two_turns"
 
     def step(self, messages, row):
         if len(messages) == 1:
             return EnvStep(observation=[{"role": "tool", "content": f"t={row['target']}"}], tool_calls=1)
-        return EnvStep(done=True, reward=float(len(messages[-1]["content"]) < 4))
+        return EnvStep(done=True, reward=float(len(set(messages[-1]["content"])) % 2))  # about half the episodes
 
 
-def _run(steps: int = 2, **overrides):
+def _run(steps: int = 2, callbacks=(), **overrides):
     config = tiny_config(learning_rate=1e-2, **overrides)
     step = build_step(config)
     data = countdown_dm(size=32, batch_size=4)
     data.setup("fit")
-    step.bind(data, callbacks=[])
+    step.bind(data, callbacks=list(callbacks))
     opt = configure_adamw(step.policy, step.optim, total_steps=10)
     backend = TorchBackend(step.policy, opt["optimizer"], opt["lr_scheduler"]["scheduler"])
     step.start()
-    outs = [step.run(backend) for _ in range(steps)]
+    for hook in ("setup_step", "before_first_step"):
+        for cb in callbacks:
+            getattr(cb, hook)(step)
+    outs = []
+    for _ in range(steps):
+        outs.append(step.run(backend))
+        for cb in callbacks:
+            cb.after_step(step, outs[-1])
     step.close()
     return step, outs
 
@@ -78,3 +87,20 @@ def test_episodes_of_several_turns_train_on_the_policy_tokens_and_are_counted():
     # rewards come from the environment through its reward function
     ended = [len(t) for t in r.completions]
     assert r.rewards.numel() == len(ended) and set(r.rewards.flatten().tolist()) <= {0.0, 1.0}
+
+
+def test_replayed_episodes_keep_their_policy_masks():
+    replay = ReplayCallback(delta=0.5, capacity=32)
+    _, outs = _run(steps=3, callbacks=[replay], environment=TwoTurns(),
+                   episodes={"max_turns": 2, "max_tokens": 80}, reward_funcs=["lit_rlft.envs.environment_reward"])
+    stored = [replay.buffer.get(i) for i in replay.buffer.prompt_ids()]
+    assert stored and all(g.policy_masks is not None for g in stored)
+    assert any(bool((m == 0).any()) for g in stored for m in g.policy_masks)  # observations stored as such
+    replayed = [o.rollouts for o in outs if bool(o.rollouts.is_replay.any())]
+    assert replayed, "nothing was replayed: the test would not see it"
+    for r in replayed:
+        G = r.group_size
+        for b in torch.nonzero(r.is_replay).flatten().tolist():
+            rows = slice(b * G, (b + 1) * G)
+            assert bool((r.loss_mask[rows] <= r.completion_mask[rows]).all())
+            assert bool((r.loss_mask[rows] != r.completion_mask[rows]).any())  # observations stay out of the loss

@@ -95,3 +95,50 @@ def test_non_finite_gradient_skips_the_update_and_stops_after_a_streak(max_grad_
     with pytest.raises(NonFiniteUpdateError, match="2 optimizer steps in a row.*max_nonfinite_skips"):
         _adamw_step(model, updater, bad, optimizer)
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def _episode_batch() -> Rollouts:
+    """:func:`_batch` with observation tokens inside some completions (multi-turn episodes): positions 1-2 of rows
+    0, 3, 5 and 7 are an environment's, not the policy's."""
+    batch = _batch()
+    policy = batch.completion_mask.clone()
+    for row in (0, 3, 5, 7):
+        policy[row, 1:3] = 0
+    batch.policy_mask = policy
+    return batch
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
+def test_observation_tokens_are_context_not_loss(loss_type):
+    """The updater's gradient is the loss over the policy's tokens alone (written by hand from the one-pass log-probs),
+    micro-batched or packed alike; taking the observation tokens into the loss would give another gradient."""
+    from lit_rlft.step.batching import sequence_logprobs
+
+    batch = _episode_batch()
+    adv = group_advantages(batch.rewards).reshape(-1)
+
+    def updater_grads(**opts):
+        model = tiny_qwen2(char_tokenizer(), TinyConfig(**TINY_SMALL))
+        grads: dict[str, torch.Tensor] = {}
+
+        class Capture(TorchBackend):
+            def optimizer_step(self) -> None:
+                grads.update({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+
+        PolicyUpdater(GRPOLoss(loss_type=loss_type, max_completion_length=6), temperature=1.0, max_grad_norm=0.0,
+                      **opts).update(batch, adv, Capture(model, torch.optim.SGD(model.parameters(), lr=0.0)))
+        return grads
+
+    def by_hand(mask):
+        model = tiny_qwen2(char_tokenizer(), TinyConfig(**TINY_SMALL))
+        rows = torch.arange(batch.completion_tokens.shape[0])
+        lp, _ = sequence_logprobs(model, batch, rows, 1.0, "cpu")
+        GRPOLoss(loss_type=loss_type, max_completion_length=6)(lp, lp.detach(), adv, mask).loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    expected, with_observations = by_hand(batch.policy_mask), by_hand(batch.completion_mask)
+    assert any(not torch.allclose(expected[n], with_observations[n], rtol=1e-4, atol=1e-7) for n in expected)
+    for opts in ({}, {"micro_batch_size": 5}, {"micro_batch_tokens": 24, "padding_free": True}):
+        got = updater_grads(**opts)
+        for name, g in expected.items():
+            assert torch.allclose(got[name], g, rtol=1e-4, atol=1e-7), (loss_type, opts, name)
