@@ -9,13 +9,14 @@ through the chat template or a plain-text format (:mod:`.formats`); the episodes
 
 from lit_rlft.envs.base import Environment, EnvStep, Message, environment_reward
 from lit_rlft.envs.formats import ChatFormat, ObservationFormat, TextFormat, observation_format
-from lit_rlft.envs.games import GuessNumberEnv, GuessNumberTask
+from lit_rlft.envs.games import GuessNumberDemonstrations, GuessNumberEnv, GuessNumberTask
 from lit_rlft.envs.tools import ToolCall, ToolEnvironment, calculator, function_schema, no_network, parse_tool_calls
 
 __all__ = [
     "ChatFormat",
     "EnvStep",
     "Environment",
+    "GuessNumberDemonstrations",
     "GuessNumberEnv",
     "GuessNumberTask",
     "Message",

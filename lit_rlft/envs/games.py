@@ -27,7 +27,7 @@ from lit_rlft.data.tasks import (
 )
 from lit_rlft.envs.base import Environment, EnvStep, Message
 
-__all__ = ["GuessNumberEnv", "GuessNumberTask", "binary_search_guesses", "guess_number_key", "parse_guess"]
+__all__ = ["GuessNumberDemonstrations", "GuessNumberEnv", "GuessNumberTask", "binary_search_guesses", "guess_number_key", "parse_guess"]
 
 _OPEN, _CLOSE = "<guess>", "</guess>"
 MAX_GUESS_CHARS = 32
@@ -231,4 +231,52 @@ class GuessNumberTask(Task):
                     f"generated:guess_number#{len(out)}",
                 )
             )
+        return out
+
+
+class GuessNumberDemonstrations(Task):
+    """Supervised warm-start pairs for the guessing game: the state of a game after ``k`` wrong guesses (``k`` uniform
+    in ``0..max_history``), as the policy sees it, and a next guess drawn uniformly from the numbers still possible.
+
+    The ``prompt`` field is the episode so far as text, laid out as :class:`~lit_rlft.rollout.episodes.EpisodeRunner`
+    lays it out with :class:`~lit_rlft.envs.formats.TextFormat`'s default ``user`` template: the task's prompt, then
+    per wrong guess ``"<guess>g</guess>" + eos + "\\nhigher\\n"`` (or ``lower``); ``eos`` is the tokenizer's EOS
+    token written as text (``"<eos>"`` for the tiny policy: its tokenizer reads it as the one special token). The
+    ``solution`` field is the next turn, ``"<guess>g</guess>"``. The demonstrator guesses at random among the
+    consistent numbers, not by bisection: the warm start learns the format and the rules, and reinforcement learning
+    has the strategy (fewer turns, more games won within ``max_turns``) to find. Use with ``lit-rlft sft``
+    (``target_field: solution``).
+
+    Args:
+        size: Number of pairs.
+        low / high: The range, as the :class:`GuessNumberTask` of the RL run.
+        max_history: Most wrong guesses before the demonstrated one.
+        eos: The EOS token as text.
+        seed: Random seed.
+    """
+
+    def __init__(self, size: int = 20000, low: int = 1, high: int = 16, max_history: int = 4, eos: str = "<eos>",
+                 seed: int = 0) -> None:
+        if size < 1 or max_history < 0 or low > high:
+            raise ValueError(f"need size >= 1, max_history >= 0 and low <= high, got size={size}, "
+                             f"max_history={max_history}, low={low}, high={high}")
+        self.size, self.low, self.high, self.max_history, self.eos, self.seed = size, low, high, max_history, eos, seed
+
+    def records(self) -> list[Record]:
+        rng = random.Random(self.seed)
+        prompt = f"Guess my number between {self.low} and {self.high}. Answer with <guess>N</guess>.\n"
+        out: list[Record] = []
+        while len(out) < self.size:
+            target = rng.randint(self.low, self.high)
+            lo, hi, text = self.low, self.high, prompt
+            for _ in range(rng.randint(0, self.max_history)):
+                candidates = [g for g in range(lo, hi + 1) if g != target]
+                if not candidates:
+                    break
+                guess = rng.choice(candidates)
+                feedback = "higher" if target > guess else "lower"
+                text += f"{_OPEN}{guess}{_CLOSE}{self.eos}\n{feedback}\n"
+                lo, hi = (guess + 1, hi) if target > guess else (lo, guess - 1)
+            out.append(Record({"prompt": text, "solution": f"{_OPEN}{rng.randint(lo, hi)}{_CLOSE}",
+                               "target": target}, f"generated:guess_number_sft#{len(out)}"))
         return out

@@ -86,3 +86,14 @@ def test_the_smollm2_gsm8k_config_parses_with_and_without_vllm(capsys):
     for overlay in ("vllm_cpu.yaml", "vllm_gpu.yaml"):
         cfg = _print_config(capsys, CONFIGS / "gsm8k_smollm2_lora.yaml", CONFIGS / "engines" / overlay)
         assert cfg["model"]["engine"]["class_path"] == "lit_rlft.rollout.vllm.VLLMEngine"
+
+
+def test_the_environment_configs_parse(capsys):
+    cfg = _print_config(capsys, CONFIGS / "envs" / "guess_number_tiny.yaml")
+    assert cfg["model"]["environment"]["class_path"] == "lit_rlft.envs.GuessNumberEnv"
+    assert cfg["model"]["episodes"]["max_turns"] == 4
+    cfg = _print_config(capsys, CONFIGS / "countdown_tiny.yaml", CONFIGS / "envs" / "calculator_countdown_tiny.yaml")
+    assert cfg["model"]["environment"]["init_args"]["tools"] == ["lit_rlft.envs.calculator"]
+    with pytest.raises(SystemExit) as exc:
+        main(["sft", "--config", str(CONFIGS / "envs" / "sft_guess_number_tiny.yaml"), "--print_config"])
+    assert exc.value.code == 0

@@ -138,3 +138,32 @@ def test_task_argument_checks():
         GuessNumberTask(low=5, high=4)
     with pytest.raises(ValueError, match="size"):
         GuessNumberTask(size=0)
+
+
+def test_demonstrations_are_consistent_games_laid_out_as_episodes():
+    from lit_rlft.envs import GuessNumberDemonstrations
+    from lit_rlft.envs.formats import TextFormat
+    from lit_rlft.models.tiny import char_tokenizer
+
+    records = GuessNumberDemonstrations(size=300, seed=3).records()
+    assert records == GuessNumberDemonstrations(size=300, seed=3).records()
+    tok, fmt = char_tokenizer(), TextFormat(char_tokenizer())
+    histories = 0
+    for r in records:
+        target, text = r.data["target"], r.data["prompt"]
+        head, *turns = text.split("<guess>")
+        assert head == ["Guess my number between 1 and 16. Answer with ", "N</guess>.\n"][0]
+        lo, hi = 1, 16
+        for turn in turns[1:]:  # the first split piece is the instruction's own "<guess>N</guess>"
+            guess, rest = turn.split("</guess>")
+            guess = int(guess)
+            assert guess != target and lo <= guess <= hi
+            feedback = "higher" if target > guess else "lower"
+            assert rest == "<eos>" + fmt.text([{"role": "user", "content": feedback}])
+            lo, hi = (guess + 1, hi) if target > guess else (lo, guess - 1)
+            histories += 1
+        assert lo <= int(r.data["solution"][len("<guess>"):-len("</guess>")]) <= hi  # a consistent next guess
+    assert histories > 300  # most pairs continue a game
+    # the episode runner's layout: the EOS written as text is the EOS token
+    ids = tok(records[0].data["prompt"] + "<eos>")["input_ids"]
+    assert ids[-1] == tok.eos_token_id
