@@ -31,7 +31,7 @@ from lit_rlft.rollout.hf import HFEngine
 from lit_rlft.step.config import EpisodeConfig, GenerationConfig, OptimConfig, as_config
 from lit_rlft.step.grpo import GRPOStep
 
-__all__ = ["GRPOConfig", "build_models", "build_step"]
+__all__ = ["GRPOConfig", "build_models", "build_step", "episode_runner"]
 
 
 @dataclass
@@ -118,21 +118,25 @@ def build_step(config: GRPOConfig, models: bool = True, mesh: Any = None) -> GRP
     rewards = RewardRunner([resolve_reward(f) for f in config.reward_funcs], weights=config.reward_weights,
                            timeout_s=config.reward_timeout_s, num_workers=config.reward_workers)
     tokenizer = load_tokenizer_for(config.model)
-    episodes = None
-    if config.environment is not None:
-        env, ep = config.environment, config.episodes
-        episodes = EpisodeRunner(env, tokenizer, observation_format(ep.observation_format, tokenizer,
-                                                                     env.tool_schemas()),
-                                 max_turns=ep.max_turns, max_tokens=ep.max_tokens, timeout_s=ep.timeout_s,
-                                 num_workers=ep.num_workers)
     step = GRPOStep(config.engine if config.engine is not None else HFEngine(), rewards,
                     tokenizer, generation=config.generation, loss=config.loss,
                     optim=config.optim, scale_rewards=config.scale_rewards,
-                    success_threshold=config.success_threshold, episodes=episodes)
+                    success_threshold=config.success_threshold, episodes=episode_runner(config, tokenizer))
     step.config = config
     if models:
         step.attach(*build_models(config, mesh))
     return step
+
+
+def episode_runner(config: GRPOConfig, tokenizer: Any) -> EpisodeRunner | None:
+    """The multi-turn episode runner of ``config`` (its ``environment`` and ``episodes`` limits); None without an
+    environment. The training process and an asynchronous generation process each build their own."""
+    if config.environment is None:
+        return None
+    env, ep = config.environment, config.episodes
+    return EpisodeRunner(env, tokenizer, observation_format(ep.observation_format, tokenizer, env.tool_schemas()),
+                         max_turns=ep.max_turns, max_tokens=ep.max_tokens, timeout_s=ep.timeout_s,
+                         num_workers=ep.num_workers)
 
 
 def build_models(config: GRPOConfig, mesh: Any = None) -> tuple[nn.Module, nn.Module | None]:

@@ -200,7 +200,10 @@ def _build(spec: _Spec) -> tuple[Any, nn.Module]:
         engine = copy.copy(engine)
         engine.return_logprobs = True  # mu: what this copy of the weights sampled from
     engine.setup(policy, spec.tokenizer, sharded=False)
-    return RolloutWorker(engine, spec.rewards, spec.tokenizer, spec.success_threshold), policy
+    from lit_rlft.step.builder import episode_runner
+
+    episodes = episode_runner(c, spec.tokenizer) if getattr(c, "environment", None) is not None else None
+    return RolloutWorker(engine, spec.rewards, spec.tokenizer, spec.success_threshold, episodes=episodes), policy
 
 
 # ---------------------------------------------------------------------------------------------- the trainer side

@@ -104,3 +104,15 @@ def test_replayed_episodes_keep_their_policy_masks():
             rows = slice(b * G, (b + 1) * G)
             assert bool((r.loss_mask[rows] <= r.completion_mask[rows]).all())
             assert bool((r.loss_mask[rows] != r.completion_mask[rows]).any())  # observations stay out of the loss
+
+
+def test_the_generation_process_rolls_out_episodes_with_its_own_environment_workers():
+    """With asynchronous rollouts the generation process builds the episode runner from the config: the rows it
+    sends back are episodes (observations inside, left out of the loss)."""
+    step, outs = _run(steps=2, environment=TwoTurns(), episodes={"max_turns": 2, "max_tokens": 80},
+                      reward_funcs=["lit_rlft.envs.environment_reward"], async_depth=1)
+    for out in outs:
+        r = out.rollouts
+        assert r.policy_mask is not None and bool((r.policy_mask < r.completion_mask).any())
+        assert out.metrics["episodes/turns_mean"] > 1.0
+    assert step.budget.tool_calls > 0
