@@ -485,3 +485,39 @@ def test_an_engine_judge_generates_through_vllm_reproducibly():
     for score, text in zip(scores, reward.last_judgements):
         digits = [c for c in text if c.isdigit()]
         assert (score == int(digits[-1]) / 9) if digits else (isinstance(score, Failure) and score.kind == "unscored")
+
+
+@vllm_only
+@pytest.mark.vllm
+def test_multi_turn_episodes_through_vllm_carry_the_trainers_logprobs_on_the_policy_tokens():
+    """Episodes rolled out by vLLM (one request per episode and turn, the context re-sent each turn): on the
+    policy's tokens the sampling log-probs are the trainer's one-pass log-probs over the whole episode; the
+    observations carry none."""
+    from lit_rlft.rollout.episodes import EpisodeRunner
+    from tests.rollout.test_episodes import Echo, _tok
+
+    module = tiny_module(engine=_engine(), temperature=0.7)
+    module.configure_model()
+    engine, tok = _engine_of(module), _tok()
+    from lit_rlft.envs.formats import TextFormat
+
+    runner = EpisodeRunner(Echo(), tok, TextFormat(tok, {"tool": "[{content}]", "user": "{content}"}),
+                           max_turns=3, max_tokens=40, num_workers=1)
+    prompts = [[5, 6, 7, 8], [9, 10]]
+    try:
+        out = runner.run(engine, prompts, [{}, {}], 2, SamplingConfig(temperature=0.7, max_new_tokens=8), seed=7)
+    finally:
+        runner.close()
+    o = out.output
+    assert bool((o.policy_mask < o.completion_mask).any()), "no observation: the test would not see the masks"
+    p_tok, p_mask = left_pad([p for p in prompts for _ in range(2)], 0)
+    batch = Rollouts(
+        prompt_ids=torch.arange(2), prompt_tokens=p_tok, prompt_mask=p_mask, completion_tokens=o.completion_ids,
+        completion_mask=o.completion_mask, rewards=torch.zeros(2, 2), correct=torch.zeros(2, 2, dtype=torch.bool),
+        birth_step=torch.zeros(2, dtype=torch.long), is_replay=torch.zeros(2, dtype=torch.bool),
+        truncated=torch.zeros(4, dtype=torch.bool), policy_mask=o.policy_mask)
+    with torch.no_grad():
+        trainer = _module_logprobs(module, batch, torch.arange(4))
+    policy = o.policy_mask.bool()
+    assert float((trainer[policy] - o.logprobs[policy]).abs().max()) < TOL
+    assert float(o.logprobs[o.completion_mask.bool() & ~policy].abs().max()) == 0.0
