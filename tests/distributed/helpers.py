@@ -75,3 +75,22 @@ class TinyRewardModel:
         small = TinyConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=1, num_key_value_heads=1,
                            intermediate_size=128, head_dim=64, seed=7)
         return RewardModel(tiny_reward_model(tok, small), tok, max_batch_tokens=96, name="tiny_rm")
+
+
+class EchoEnv:
+    """Multi-turn episodes for the 2-rank tests: the environment ends an episode after a turn with a number of
+    distinct characters divisible by 3, and answers the other turns with ``ok`` (an observation inside the episode);
+    stateless, so every rank and a resumed run see the same episodes."""
+
+    def __new__(cls):
+        from lit_rlft.envs import Environment, EnvStep
+
+        class _Echo(Environment):
+            name = "echo"
+
+            def step(self, messages, row):
+                if len(set(messages[-1]["content"])) % 3 == 0:  # about a third of the turns end their episode
+                    return EnvStep(done=True)
+                return EnvStep(observation=[{"role": "user", "content": "ok"}], tool_calls=1)
+
+        return _Echo()

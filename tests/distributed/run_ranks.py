@@ -193,6 +193,8 @@ def main() -> None:
     p.add_argument("--val", type=int, default=0, help="held-out prompts, evaluated every 2 steps (0: none)")
     p.add_argument("--engine", choices=["hf", "vllm", "raise-on-rank-1"], default="hf")
     p.add_argument("--async-depth", type=int, default=0, help="model.generation.async_depth")
+    p.add_argument("--env", choices=["none", "echo"], default="none",
+                   help="echo: multi-turn episodes with tests.distributed.helpers.EchoEnv (2 turns)")
     a = p.parse_args()
     torch.set_num_threads(1)
     out = Path(a.out)
@@ -228,6 +230,11 @@ def main() -> None:
                           micro_batch_tokens=a.micro_batch_tokens, padding_free=a.padding_free),
         lora=LoRAConfig(r=4, alpha=8) if a.lora else None,
     )
+    if a.env == "echo":
+        from tests.distributed.helpers import EchoEnv
+
+        settings.update(environment=EchoEnv(), episodes={"max_turns": 2, "max_tokens": 24, "num_workers": 1,
+                                                         "observation_format": "text"})
     val = CountdownTask(size=a.val, split="test", seed=1) if a.val else None
     dm = PromptDataModule(train=CountdownTask(size=a.pool, split="train", seed=0), val=val, answer_field=None,
                           batch_size=a.batch_size, val_batch_size=4)

@@ -87,6 +87,9 @@ RUNS = {
     "trainer_alloc_dps_replay": ["--callbacks", "alloc,dps,replay", "--steps", "4", "--micro-batch-size", "2",
                                  "--pool", "8", "--batch-size", "8"],
     "trainer_seq_dump": ["--callbacks", "seq", "--steps", "1", "--micro-batch-size", "3", "--dump"],
+    # multi-turn episodes: observation tokens inside the completions, left out of the loss on each rank
+    "trainer_env_dump": ["--env", "echo", "--steps", "1", "--micro-batch-size", "3", "--dump"],
+    "trainer_env_dps_replay": ["--env", "echo", "--callbacks", "dps,replay", "--steps", "4", "--ckpt-every", "2"],
     "fsdp2_lora_seq_replay": ["--strategy", "fsdp2", "--lora", "--callbacks", "seq,replay", "--steps", "4",
                               "--micro-batch-size", "2"],
 }
@@ -222,7 +225,7 @@ def _assert_one_rank_gradient(out: Path, loss: dict | None = None, ragged: bool 
     from tests.distributed.run_ranks import TINY_SMALL
 
     d0, d1 = (torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1))
-    tokens = [int(d["rollouts"].completion_mask.sum()) for d in (d0, d1)]
+    tokens = [int(d["rollouts"].loss_mask.sum()) for d in (d0, d1)]
     assert tokens[0] != tokens[1], "equal token counts: the test could not tell a local from a global token mean"
     module = GRPOModule(model="tiny", tiny=TinyConfig(**TINY_SMALL), reward_funcs=["lit_rlft.rewards.countdown"],
                         generation=GenerationConfig(num_generations=4, max_completion_length=8),
@@ -413,3 +416,24 @@ def test_a_reward_model_gives_2_ranks_the_1_rank_rewards(tmp_path, strategy):
     both = torch.cat([d0["rollouts"].rewards, d1["rollouts"].rewards]).flatten()
     assert both.unique().numel() > 4  # distinct scores: a constant reward would pass vacuously
     _assert_one_rank_gradient(tmp_path)
+
+
+def test_two_ranks_compute_the_one_rank_gradient_over_episodes(runs):
+    """Multi-turn episodes (observations inside the completions): the first step on 2 ranks gives the gradient of 1
+    rank over the same episodes, the loss normaliser counting the policy's tokens of both ranks."""
+    _, out = runs("trainer_env_dump")
+    d0 = torch.load(out / "rank0.pt", weights_only=False)
+    r = d0["rollouts"]
+    assert r.policy_mask is not None and bool((r.policy_mask < r.completion_mask).any()), "no observation inside"
+    _assert_one_rank_gradient(out)
+
+
+def test_episodes_on_two_ranks_agree_and_resume_exactly(runs, tmp_path):
+    ranks, out = runs("trainer_env_dps_replay")
+    _assert_ranks_agree_and_split_the_batch(ranks, replay=True)
+    checkpoint = out / "ckpt" / "epoch=0-step=2.ckpt"
+    resumed = run(tmp_path / "resumed", "--env", "echo", "--callbacks", "dps,replay", "--steps", "4", "--resume",
+                  str(checkpoint))
+    for rank in (0, 1):
+        assert resumed[rank]["params"] == ranks[rank]["params"]
+        assert resumed[rank]["steps"] == ranks[rank]["steps"][2:]  # same episodes, plans and selection states
