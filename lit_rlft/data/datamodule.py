@@ -193,6 +193,16 @@ class PromptDataModule(L.LightningDataModule):
             self._length_checked.clear()
         self.check_prompt_lengths()
 
+    def set_tools(self, schemas: list[dict[str, Any]]) -> None:
+        """Render prompts with these tool schemas (the environment's, for tool-calling episodes): the chat template
+        describes the tools to the policy, as TRL's ``tools`` does. Plain-text prompts (no chat template) are left
+        as they are: their instructions name the tools themselves."""
+        if not self.render["chat_template"] or self.render.get("tools") == schemas:
+            return
+        self.render["tools"] = list(schemas)
+        self._token_cache.clear()
+        self._length_checked.clear()
+
     def check_prompt_lengths(self, chunk_size: int = 4096) -> None:
         """Tokenise every prompt of the built pools once (in batches, filling the token cache), before training.
 

