@@ -64,7 +64,8 @@ def render_prompt(
     if system_prompt is not None:
         messages.append({"role": "system", "content": system_prompt})
     messages.append({"role": "user", "content": f"{prefix}{text}{suffix}"})
-    out = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=True)
+    extra = {"tools": tools} if tools else {}  # without tools: the call as before
+    out = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
     if tools and out == tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True):
         # the template ignores tools (SmolLM2's does): describe them in the system message, in Hermes' words
         described = tools_system_prompt(tools)
