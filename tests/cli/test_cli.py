@@ -368,3 +368,26 @@ def test_every_loss_variant_trains_from_the_command_line(tmp_path, name):
     expected = {"cispo": "cispo_clip_ratio", "vespo": "vespo/phi_seq_mean", "entropy": "entropy_coef",
                 "sapo": "loss"}  # SAPO gates softly: there is no clip to count
     assert expected.get(name, "clip_ratio/region_mean") in tags, sorted(tags)
+
+
+def test_the_guessing_game_configs_run_from_yaml(tmp_path):
+    """The shipped multi-turn configs as a user runs them (shortened): the warm start, then GRPO with the
+    environment; TensorBoard gets the episode scalars and the transcripts."""
+    configs = REPO / "configs" / "envs"
+    sft_out = tmp_path / "guess_sft"
+    main(["sft", "--config", str(configs / "sft_guess_number_tiny.yaml"), "--trainer.max_steps", "3",
+          "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+          "--trainer.default_root_dir", str(tmp_path), "--model.tiny", yaml.safe_dump(TINY_SMALL, default_flow_style=True),
+          "--model.output_dir", str(sft_out), "--data.train.init_args.size", "256", "--data.batch_size", "16"])
+    main(["fit", "--config", str(configs / "guess_number_tiny.yaml"), "--trainer.max_steps", "2",
+          "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "false",
+          "--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.save_dir", str(tmp_path),
+          "--trainer.callbacks.init_args.every_n_steps", "1", "--model.model", str(sft_out),
+          "--model.generation.num_generations", "4", "--data.train.init_args.size", "64",
+          "--data.val.init_args.size", "8", "--data.batch_size", "4", "--data.val_batch_size", "8"])
+    events = EventAccumulator(str(next(tmp_path.rglob("events.out.tfevents.*")).parent))
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    for tag in ("episodes/turns_mean", "episodes/ended_by_env", "budget/generated_tokens_train", "val/accuracy"):
+        assert tag in scalars, (tag, sorted(scalars))
+    assert events.Tags()["tensors"] or events.Tags().get("text"), "no transcript table logged"
