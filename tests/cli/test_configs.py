@@ -94,6 +94,8 @@ def test_the_environment_configs_parse(capsys):
     assert cfg["model"]["episodes"]["max_turns"] == 4
     cfg = _print_config(capsys, CONFIGS / "countdown_tiny.yaml", CONFIGS / "envs" / "calculator_countdown_tiny.yaml")
     assert cfg["model"]["environment"]["init_args"]["tools"] == ["lit_rlft.envs.calculator"]
+    cfg = _print_config(capsys, CONFIGS / "gsm8k_smollm2_lora.yaml", CONFIGS / "envs" / "calculator_gsm8k_smollm2.yaml")
+    assert cfg["model"]["episodes"]["observation_format"] == "chat" and cfg["model"]["lora"]["r"] == 16
     with pytest.raises(SystemExit) as exc:
         main(["sft", "--config", str(CONFIGS / "envs" / "sft_guess_number_tiny.yaml"), "--print_config"])
     assert exc.value.code == 0
