@@ -52,6 +52,8 @@ class RewardResult:
         failures: function name -> ``{"num_errors": n, "num_timeouts": n, "num_unscored": n}`` (functions that
             failed on at least one completion).
         examples: function name -> one failure of it, in words (the exception, the bound).
+        episodes: for multi-turn rollouts, sums over the scored episodes (turns, tool calls, tokens; set by the
+            rollout worker, :meth:`~lit_rlft.rollout.episodes.EpisodeOutput.stats`); empty otherwise.
     """
 
     total: torch.Tensor
@@ -61,6 +63,7 @@ class RewardResult:
     num_unscored: int = 0
     failures: dict[str, dict[str, int]] = field(default_factory=dict)
     examples: dict[str, str] = field(default_factory=dict)
+    episodes: dict[str, float] = field(default_factory=dict)
 
 
 def reward_name(func: Callable[..., Any]) -> str:

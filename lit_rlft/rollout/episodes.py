@@ -24,7 +24,6 @@ observations (0), ``logprobs`` the engine's sampling log-probs on the policy's t
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -38,7 +37,7 @@ from lit_rlft.envs.formats import ObservationFormat
 from lit_rlft.rewards.pool import ERROR, OK, TIMEOUT, Task, TaskResult, WorkerPool
 from lit_rlft.rollout.base import GenerationOutput, RolloutEngine, SamplingConfig
 
-__all__ = ["EpisodeOutput", "EpisodeRunner", "step_task", "transcript_text"]
+__all__ = ["EpisodeOutput", "EpisodeRunner", "step_task"]
 
 _MAX_ERROR = 300
 
@@ -78,6 +77,8 @@ class EpisodeOutput:
     env_errors: int = 0
     env_timeouts: int = 0
     transcripts: list[list[Message]] = field(default_factory=list)
+    finish: list[str] = field(default_factory=list)
+    """``[N]`` why each episode ended: ``"env"`` (the environment), ``"max_turns"``, ``"length"`` (the budget)."""
 
     def stats(self) -> dict[str, float]:
         """Sums over the episodes (what a rank sends to be logged as ``episodes/...``)."""
@@ -89,9 +90,6 @@ class EpisodeOutput:
                 "policy_tokens": float(policy.sum()), "observation_tokens": float((mask - policy).sum()),
                 "ended_by_env": float(sum(1 for r in self.finish if r == "env")),
                 "truncated": float(sum(1 for r in self.output.finish_reasons if r == "length"))}
-
-    finish: list[str] = field(default_factory=list)
-    """``[N]`` why each episode ended: ``"env"`` (the environment), ``"max_turns"``, ``"length"`` (the budget)."""
 
 
 @dataclass
@@ -145,10 +143,9 @@ class EpisodeRunner:
         episodes = [_Episode() for _ in range(len(prompts) * G)]
         contexts = [list(p) for p in prompts for _ in range(G)]
         row_of = [rows[i // G] for i in range(len(episodes))]
-        self._logprobs = True
         first = engine.generate(list(prompts), G, replace(sampling, max_new_tokens=min(sampling.max_new_tokens,
                                                                                         budget)), seed=seed)
-        self._append_turns(episodes, list(range(len(episodes))), first, budget)
+        reported = self._append_turns(episodes, list(range(len(episodes))), first, budget)
         counts = {"errors": 0, "timeouts": 0}
         for turn in range(1, self.max_turns + 1):
             going = [e for e, ep in enumerate(episodes) if ep.finish is None]
@@ -162,15 +159,16 @@ class EpisodeRunner:
             out = engine.generate([contexts[e] + episodes[e].tokens for e in going], 1,
                                   replace(sampling, max_new_tokens=min(sampling.max_new_tokens, room)),
                                   seed=None if seed is None else _turn_seed(seed, turn))
-            self._append_turns(episodes, going, out, budget)
-        return self._output(episodes, counts, first.completion_ids.shape[1])
+            reported = self._append_turns(episodes, going, out, budget) and reported
+        return self._output(episodes, counts, first.completion_ids.shape[1], reported)
 
     # -- one turn ------------------------------------------------------------------------------------------
-    def _append_turns(self, episodes: list[_Episode], which: list[int], out: GenerationOutput, budget: int) -> None:
+    def _append_turns(self, episodes: list[_Episode], which: list[int], out: GenerationOutput, budget: int) -> bool:
+        """Append one turn to each episode of ``which``; whether the engine reported its sampling log-probs (an
+        engine that reports none, HF, leaves pi_old to stand in for mu)."""
         lengths = out.completion_mask.sum(1).tolist()
         ids = out.completion_ids.tolist()
         lps = out.logprobs.tolist() if out.logprobs is not None else None
-        self._logprobs = self._logprobs and lps is not None  # an engine that reports none (HF): pi_old stands in
         for k, e in enumerate(which):
             ep = episodes[e]
             n = min(int(lengths[k]), budget - len(ep.tokens))
@@ -185,6 +183,7 @@ class EpisodeRunner:
             ep.truncated = n < int(lengths[k]) or out.finish_reasons[k] == "length"  # the last turn's, at the end
             if len(ep.tokens) >= budget:
                 ep.finish = "length"
+        return lps is not None
 
     def _environment(self, episodes: list[_Episode], going: list[int], row_of: list[dict[str, Any]], turn: int,
                      budget: int, counts: dict[str, int]) -> None:
@@ -227,7 +226,8 @@ class EpisodeRunner:
                        tool_failures=1)
 
     # -- the batch -----------------------------------------------------------------------------------------
-    def _output(self, episodes: list[_Episode], counts: dict[str, int], first_width: int) -> EpisodeOutput:
+    def _output(self, episodes: list[_Episode], counts: dict[str, int], first_width: int,
+                reported: bool) -> EpisodeOutput:
         pad = self.tokenizer.pad_token_id
         width = max(first_width, 1, max(len(ep.tokens) for ep in episodes))  # one turn: the first call's layout
         N = len(episodes)
@@ -241,7 +241,7 @@ class EpisodeRunner:
             mask[i, :n] = 1
             policy[i, :n] = torch.tensor(ep.policy, dtype=torch.long)
             logprobs[i, :n] = torch.tensor(ep.logprobs, dtype=torch.float32)
-        out = GenerationOutput(completion_ids=ids, completion_mask=mask, logprobs=logprobs if self._logprobs else None,
+        out = GenerationOutput(completion_ids=ids, completion_mask=mask, logprobs=logprobs if reported else None,
                                finish_reasons=["length" if ep.truncated else "stop" for ep in episodes],
                                policy_mask=policy)
         return EpisodeOutput(output=out, env_rewards=[ep.reward for ep in episodes],
@@ -254,11 +254,3 @@ class EpisodeRunner:
 def _turn_seed(seed: int, turn: int) -> int:
     return int(np.random.SeedSequence([seed, 7919, turn]).generate_state(1, np.uint64)[0]) % 2**62
 
-
-def transcript_text(messages: Sequence[Message]) -> str:
-    """A transcript for the logs: one line per message, ``role: content`` (JSON-quoted when multi-line)."""
-    lines = []
-    for m in messages:
-        content = str(m.get("content", ""))
-        lines.append(f"{m.get('role', '?')}: {json.dumps(content) if chr(10) in content else content}")
-    return "\n".join(lines)
