@@ -16,6 +16,10 @@ observation is dropped, as TRL drops it). A turn cut by the per-turn limit (the 
 goes to the environment. ``finish_reason`` is "length" when the episode's last turn was cut, or the budget ended it
 before an observation: the episode is then truncated (``mask_truncated_completions`` applies to it as a whole).
 
+Under a sharded policy (FSDP, where every ``generate`` call is a collective) the ranks agree before each later turn
+whether any of them still has an episode going (one all-reduce); a rank whose episodes have all ended makes a
+throw-away one-token call meanwhile, so episodes may end at different turns on different ranks.
+
 The output is a :class:`~lit_rlft.rollout.base.GenerationOutput` over the whole episodes: ``completion_mask`` marks
 every token after the prompt (the policy's and the observations'), ``policy_mask`` the policy's own (1) against the
 observations (0), ``logprobs`` the engine's sampling log-probs on the policy's tokens (0 on observations).
@@ -136,9 +140,7 @@ class EpisodeRunner:
     def run(self, engine: RolloutEngine, prompts: Sequence[list[int]], rows: Sequence[dict[str, Any]], G: int,
             sampling: SamplingConfig, seed: int | None = None) -> EpisodeOutput:
         """``G`` episodes of each of the ``B`` tokenised ``prompts`` (``rows``: each prompt's data-set columns)."""
-        if getattr(engine, "synced", False):
-            raise ValueError("multi-turn episodes (model.environment) need an unsharded policy for now: under FSDP "
-                             "every rank must make the same generate calls, and episodes end at different turns")
+        synced = getattr(engine, "synced", False)  # a sharded policy: every generate call is a collective
         budget = self.max_tokens or sampling.max_new_tokens
         episodes = [_Episode() for _ in range(len(prompts) * G)]
         contexts = [list(p) for p in prompts for _ in range(G)]
@@ -149,12 +151,14 @@ class EpisodeRunner:
         counts = {"errors": 0, "timeouts": 0}
         for turn in range(1, self.max_turns + 1):
             going = [e for e, ep in enumerate(episodes) if ep.finish is None]
-            if not going:
+            if going:
+                self._environment(episodes, going, row_of, turn, budget, counts)
+                going = [e for e in going if episodes[e].finish is None]
+            if not (engine.any_rank(bool(going)) if synced else going):
                 break
-            self._environment(episodes, going, row_of, turn, budget, counts)
-            going = [e for e in going if episodes[e].finish is None]
-            if not going:
-                break
+            if not going:  # sharded, and another rank's episodes go on: a throw-away call keeps the ranks in step
+                engine.generate([list(prompts[0])], 1, replace(sampling, max_new_tokens=1))
+                continue
             room = max(budget - len(episodes[e].tokens) for e in going)
             out = engine.generate([contexts[e] + episodes[e].tokens for e in going], 1,
                                   replace(sampling, max_new_tokens=min(sampling.max_new_tokens, room)),

@@ -20,8 +20,9 @@ class HFEngine(RolloutEngine):
 
     Under FSDP the policy's parameters are sharded and every forward pass gathers them from all ranks, so the ranks
     must run the same number of decoding steps: a sharded policy generates with ``synced_gpus=True`` (a rank that
-    has finished keeps stepping until all have), and with ``max_batch_tokens`` / ``drop_finished_every`` the ranks
-    also agree on the number of ``generate`` calls (see those options).
+    has finished keeps stepping until all have), and with ``max_batch_size`` / ``max_batch_tokens`` /
+    ``drop_finished_every`` the ranks also agree on the number of ``generate`` calls (a rank with fewer rows, as in
+    multi-turn episodes, makes throw-away calls).
 
     Args:
         max_batch_size: sequences per ``generate`` call, to bound memory (``None`` = all at once).
@@ -90,7 +91,13 @@ class HFEngine(RolloutEngine):
         rows = [p for p in prompts for _ in range(num_generations)]  # N prompts, grouped
         if self.max_batch_tokens is None:  # rows in order, max_batch_size at a time (the behaviour before the option)
             chunk = self.max_batch_size or len(rows)
-            parts = [self._generate_chunk(rows[i : i + chunk], sampling) for i in range(0, len(rows), chunk)]
+            starts = range(0, len(rows), chunk)
+            # ranks with fewer rows (multi-turn episodes) agree on the number of calls first, then keep in step
+            extra = self._max_over_ranks(len(starts), next(self.model.parameters()).device) - len(starts) \
+                if self.max_batch_size else 0
+            parts = [self._generate_chunk(rows[i : i + chunk], sampling) for i in starts]
+            for _ in range(extra):
+                self._generate_chunk([min(rows, key=len)], sampling)  # a throw-away call
             length = max(p[0].shape[1] for p in parts)
             ids = torch.cat([pad_to(p[0], length, self.pad_token_id) for p in parts])
             mask = torch.cat([pad_to(p[1], length, 0) for p in parts])
@@ -228,6 +235,12 @@ class HFEngine(RolloutEngine):
             for rows, start, part in pieces:
                 scores[rows, start : start + part.shape[1]] = part
         return tokens[:, :done], scores
+
+    def any_rank(self, flag: bool) -> bool:
+        """``flag`` on any rank: a collective when the policy is sharded (every rank must call it), just ``flag``
+        otherwise. Callers that make a data-dependent number of :meth:`generate` calls (multi-turn episodes) agree
+        with it on whether another call is due."""
+        return self._any_rank(flag, next(self.model.parameters()).device)
 
     def _any_rank(self, flag: bool, device: torch.device) -> bool:
         """``flag`` on any rank (a collective when the policy is sharded; just ``flag`` otherwise)."""

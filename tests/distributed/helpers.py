@@ -80,16 +80,17 @@ class TinyRewardModel:
 class EchoEnv:
     """Multi-turn episodes for the 2-rank tests: the environment ends an episode after a turn with a number of
     distinct characters divisible by 3, and answers the other turns with ``ok`` (an observation inside the episode);
-    stateless, so every rank and a resumed run see the same episodes."""
+    stateless, so every rank and a resumed run see the same episodes. ``stop_on_rank``: on that rank every episode
+    ends after its first turn (the other rank's go on: its generate calls outnumber this one's)."""
 
-    def __new__(cls):
+    def __new__(cls, stop_on_rank: int | None = None):
         from lit_rlft.envs import Environment, EnvStep
 
         class _Echo(Environment):
             name = "echo"
 
             def step(self, messages, row):
-                if len(set(messages[-1]["content"])) % 3 == 0:  # about a third of the turns end their episode
+                if len(set(messages[-1]["content"])) % 3 == 0 or rank() == stop_on_rank:  # a third end here
                     return EnvStep(done=True)
                 return EnvStep(observation=[{"role": "user", "content": "ok"}], tool_calls=1)
 

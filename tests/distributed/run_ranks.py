@@ -193,8 +193,10 @@ def main() -> None:
     p.add_argument("--val", type=int, default=0, help="held-out prompts, evaluated every 2 steps (0: none)")
     p.add_argument("--engine", choices=["hf", "vllm", "raise-on-rank-1"], default="hf")
     p.add_argument("--async-depth", type=int, default=0, help="model.generation.async_depth")
-    p.add_argument("--env", choices=["none", "echo"], default="none",
-                   help="echo: multi-turn episodes with tests.distributed.helpers.EchoEnv (2 turns)")
+    p.add_argument("--env", choices=["none", "echo", "echo-rank0-stops"], default="none",
+                   help="echo: multi-turn episodes with tests.distributed.helpers.EchoEnv (2 turns); echo-rank0-stops: "
+                        "rank 0's episodes all end after one turn")
+    p.add_argument("--generation-batch-size", type=int, default=None, help="HFEngine(max_batch_size=...)")
     a = p.parse_args()
     torch.set_num_threads(1)
     out = Path(a.out)
@@ -220,6 +222,10 @@ def main() -> None:
         engine = VLLMEngine(dtype="float32", max_model_len=64, kv_cache_memory_bytes=32 * 2**20)
     elif a.engine == "raise-on-rank-1":
         engine = RaisingEngine()
+    elif a.generation_batch_size:
+        from lit_rlft.rollout.hf import HFEngine
+
+        engine = HFEngine(max_batch_size=a.generation_batch_size)
     settings = dict(
         engine=engine, model="tiny", tiny=TinyConfig(**TINY_SMALL), reward_funcs=[a.reward],
         generation=GenerationConfig(num_generations=4, max_completion_length=8, async_depth=a.async_depth,
@@ -230,10 +236,10 @@ def main() -> None:
                           micro_batch_tokens=a.micro_batch_tokens, padding_free=a.padding_free),
         lora=LoRAConfig(r=4, alpha=8) if a.lora else None,
     )
-    if a.env == "echo":
+    if a.env != "none":
         from tests.distributed.helpers import EchoEnv
 
-        settings.update(environment=EchoEnv(), episodes={"max_turns": 2, "max_tokens": 24, "num_workers": 1,
+        settings.update(environment=EchoEnv(stop_on_rank=0 if a.env == "echo-rank0-stops" else None), episodes={"max_turns": 2, "max_tokens": 24, "num_workers": 1,
                                                          "observation_format": "text"})
     val = CountdownTask(size=a.val, split="test", seed=1) if a.val else None
     dm = PromptDataModule(train=CountdownTask(size=a.pool, split="train", seed=0), val=val, answer_field=None,

@@ -428,6 +428,19 @@ def test_two_ranks_compute_the_one_rank_gradient_over_episodes(runs):
     _assert_one_rank_gradient(out)
 
 
+def test_episodes_ending_at_different_turns_on_two_fsdp2_ranks_keep_them_in_step(tmp_path):
+    """Under FSDP2 every generate call is a collective: rank 0's episodes all end after one turn while rank 1's go on
+    (and need more ``max_batch_size`` calls), so rank 0 must make throw-away calls or both hang. The first step's
+    gradient is still the 1-rank gradient over both ranks' episodes."""
+    r0, r1 = run(tmp_path, "--strategy", "fsdp2", "--env", "echo-rank0-stops", "--generation-batch-size", "2",
+                 "--steps", "2", "--dump")
+    assert r0["params"] == r1["params"] and len(r0["steps"]) == 2
+    d0, d1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False)["rollouts"] for r in (0, 1))
+    assert d0.policy_mask is None or torch.equal(d0.policy_mask, d0.completion_mask), "rank 0: one turn each"
+    assert int((d1.policy_mask < d1.completion_mask).any(1).sum()) > 2, "rank 1 should have several second turns"
+    _assert_one_rank_gradient(tmp_path)
+
+
 def test_episodes_on_two_ranks_agree_and_resume_exactly(runs, tmp_path):
     ranks, out = runs("trainer_env_dps_replay")
     _assert_ranks_agree_and_split_the_batch(ranks, replay=True)
