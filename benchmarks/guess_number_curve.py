@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
-
-import torch
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs" / "envs"
@@ -31,38 +28,16 @@ FIGURES = REPO / "docs" / "results"
 
 
 def run(out: Path, threads: int, sft_steps: int | None, grpo_steps: int | None) -> dict:
-    from lit_rlft.cli import grpo_cli, sft_cli
+    from lit_rlft.cli.demo import warm_start_then_grpo
     from lit_rlft.reporting import read_scalars
 
-    torch.set_num_threads(threads)
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    sft_model = out / "sft" / "model"
-    if not (sft_model / "config.json").exists():
-        args = ["--config", str(CONFIGS / "sft_guess_number_tiny.yaml"), "--model.output_dir", str(sft_model),
-                "--trainer.default_root_dir", str(out / "sft"), "--trainer.logger.init_args.save_dir", str(out / "sft")]
-        if sft_steps:
-            args += ["--trainer.max_steps", str(sft_steps)]
-        sft_cli(args)
-    sft_s = time.perf_counter() - t0
-    grpo_dir = out / "grpo"
-    args = ["--config", str(CONFIGS / "guess_number_tiny.yaml"), "--model.model", str(sft_model),
-            "--trainer.default_root_dir", str(grpo_dir), "--trainer.logger.init_args.save_dir", str(grpo_dir),
-            "--trainer.logger.init_args.version", "curve"]
-    if grpo_steps:
-        args += ["--trainer.max_steps", str(grpo_steps)]
-    cli = grpo_cli(args, run=False)
-    t1 = time.perf_counter()
-    cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
-    before = dict(cli.model.last_eval)
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    grpo_s = time.perf_counter() - t1
-    cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
-    after = dict(cli.model.last_eval)
-    scalars = read_scalars(grpo_dir / "tb" / "curve")
+    cli, before, after, timings = warm_start_then_grpo(
+        out, CONFIGS / "sft_guess_number_tiny.yaml", CONFIGS / "guess_number_tiny.yaml", "curve", threads, sft_steps,
+        grpo_steps)
+    scalars = read_scalars(out / "grpo" / "tb" / "curve")
     step = cli.model.grpo
     return {"before": before, "after": after, "steps": step.rollout_step, "budget": step.budget.state_dict(),
-            "sft_s": sft_s, "grpo_s": grpo_s, "threads": threads,
+            "sft_s": timings["sft_s"], "grpo_s": timings["grpo_s"], "threads": threads,
             "curves": {k: scalars.get(k, []) for k in ("val/accuracy", "reward", "episodes/turns_mean",
                                                        "episodes/ended_by_env", "budget/completions")}}
 

@@ -16,6 +16,7 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -47,18 +48,25 @@ def _accuracy_table(before: dict[str, float], after: dict[str, float]) -> list[s
     return rows
 
 
-def run(out: Path, threads: int, grpo_steps: int | None, sft_steps: int | None,
-        grpo_overrides: Sequence[str] = ()) -> dict:
-    """The demo: warm start (SFT) unless ``out/sft/model`` exists, held-out accuracy, GRPO, held-out accuracy again;
-    ``report.json``, ``report.md`` and ``curves.png`` in ``out``. ``grpo_overrides``: more ``lit-rlft fit``
-    arguments (e.g. a smaller held-out set)."""
+def warm_start_then_grpo(out: Path, sft_config: Path, grpo_config: Path, version: str, threads: int,
+                         sft_steps: int | None = None, grpo_steps: int | None = None,
+                         grpo_overrides: Sequence[str] = ()) -> tuple[Any, dict[str, float], dict[str, float], dict]:
+    """The SFT-then-GRPO driver of the demos: the warm start (``sft_config``, written to ``out/sft/model``; skipped
+    when it exists), held-out evaluation, GRPO (``grpo_config`` from that model, TensorBoard version ``version`` in
+    ``out/grpo/tb``), held-out evaluation again. ``*_steps`` override the configs' ``max_steps``;
+    ``grpo_overrides``: more ``lit-rlft fit`` arguments.
+
+    Returns:
+        ``(cli, before, after, timings)``: the GRPO ``LightningCLI`` (its trained model and step), the evaluations
+        before and after GRPO (``last_eval``), and ``{"sft_s", "grpo_s", "total_s"}``.
+    """
     torch.set_num_threads(threads)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     sft_model = out / "sft" / "model"
     timings = {}
     if not (sft_model / "config.json").exists():
-        args = ["--config", str(CONFIGS / "sft_countdown_tiny.yaml"), "--model.output_dir", str(sft_model),
+        args = ["--config", str(sft_config), "--model.output_dir", str(sft_model),
                 "--trainer.default_root_dir", str(out / "sft"), "--trainer.logger.init_args.save_dir", str(out / "sft")]
         if sft_steps:
             args += ["--trainer.max_steps", str(sft_steps)]
@@ -66,20 +74,33 @@ def run(out: Path, threads: int, grpo_steps: int | None, sft_steps: int | None,
     timings["sft_s"] = time.perf_counter() - t0
 
     grpo_dir = out / "grpo"
-    args = ["--config", str(CONFIGS / "countdown_tiny.yaml"), "--model.model", str(sft_model),
+    args = ["--config", str(grpo_config), "--model.model", str(sft_model),
             "--trainer.default_root_dir", str(grpo_dir), "--trainer.logger.init_args.save_dir", str(grpo_dir),
-            "--trainer.logger.init_args.version", "demo"]
+            "--trainer.logger.init_args.version", version]
     if grpo_steps:
         args += ["--trainer.max_steps", str(grpo_steps)]
     cli = grpo_cli([*args, *grpo_overrides], run=False)
     t1 = time.perf_counter()
     cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
-    before = add_learnable(dict(cli.model.last_eval))
+    before = dict(cli.model.last_eval)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     timings["grpo_s"] = time.perf_counter() - t1
     cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
-    after = add_learnable(dict(cli.model.last_eval))
+    after = dict(cli.model.last_eval)
     timings["total_s"] = time.perf_counter() - t0
+    return cli, before, after, timings
+
+
+def run(out: Path, threads: int, grpo_steps: int | None, sft_steps: int | None,
+        grpo_overrides: Sequence[str] = ()) -> dict:
+    """The demo: warm start (SFT) unless ``out/sft/model`` exists, held-out accuracy, GRPO, held-out accuracy again;
+    ``report.json``, ``report.md`` and ``curves.png`` in ``out``. ``grpo_overrides``: more ``lit-rlft fit``
+    arguments (e.g. a smaller held-out set)."""
+    cli, before, after, timings = warm_start_then_grpo(
+        out, CONFIGS / "sft_countdown_tiny.yaml", CONFIGS / "countdown_tiny.yaml", "demo", threads, sft_steps,
+        grpo_steps, grpo_overrides)
+    before, after = add_learnable(before), add_learnable(after)
+    grpo_dir = out / "grpo"
     cli.model.save_pretrained(str(grpo_dir / "model"))
 
     scalars = read_scalars(grpo_dir / "tb" / "demo")
