@@ -96,12 +96,16 @@ class VLLMEngine(RolloutEngine):
         lora_sync: how a peft LoRA policy reaches vLLM (see the module docstring): ``merged`` (full weights with
             the adapters merged, every sync) or ``adapter`` (the base once, then only the adapters, through vLLM's
             LoRA support). A policy without LoRA always syncs full weights.
+        enable_prefix_caching: reuse the KV cache of prompt prefixes vLLM has already computed (``None``: vLLM's
+            default, on for decoder-only models). Multi-turn episodes re-send each episode's whole context every turn;
+            with the cache on, only the new turn's tokens are prefilled (measured by
+            ``benchmarks/bench_episodes.py --engine vllm``). Every weight sync resets the cache.
     """
 
     def __init__(self, dtype: str = "auto", max_model_len: int | None = None, gpu_memory_utilization: float = 0.3,
                  kv_cache_memory_bytes: int = 128 * 2**20, enable_sleep_mode: bool = False,
                  enforce_eager: bool = True, seed: int = 0, model_dir: str | None = None,
-                 lora_sync: LoRASync = "merged"):
+                 lora_sync: LoRASync = "merged", enable_prefix_caching: bool | None = None):
         if max_model_len is not None and max_model_len < 2:
             raise ValueError(f"VLLMEngine: max_model_len must be >= 2 or null, got {max_model_len}")
         if not 0 < gpu_memory_utilization <= 1:
@@ -113,6 +117,7 @@ class VLLMEngine(RolloutEngine):
         self.enable_sleep_mode, self.enforce_eager, self.seed = enable_sleep_mode, enforce_eager, seed
         self.model_dir = model_dir
         self.lora_sync = lora_sync
+        self.enable_prefix_caching = enable_prefix_caching
         self.llm: Any = None
         self.pad_token_id = 0
         self.stop_ids: list[int] = []
@@ -162,6 +167,8 @@ class VLLMEngine(RolloutEngine):
             model=folder, skip_tokenizer_init=True, dtype=dtype, logprobs_mode="processed_logprobs",
             enforce_eager=self.enforce_eager or self.on_cpu, seed=self.seed, max_model_len=max_len,
         )
+        if self.enable_prefix_caching is not None:
+            kwargs["enable_prefix_caching"] = self.enable_prefix_caching
         if lora is not None:
             # one adapter at a time, replaced at every sync (a new id per version: no stale prefix-cache hits)
             kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(lora), max_loras=1, max_cpu_loras=1)

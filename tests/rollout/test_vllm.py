@@ -521,3 +521,33 @@ def test_multi_turn_episodes_through_vllm_carry_the_trainers_logprobs_on_the_pol
     policy = o.policy_mask.bool()
     assert float((trainer[policy] - o.logprobs[policy]).abs().max()) < TOL
     assert float(o.logprobs[o.completion_mask.bool() & ~policy].abs().max()) == 0.0
+
+
+@vllm_only
+@pytest.mark.vllm
+def test_prefix_caching_is_an_option_that_changes_no_episode():
+    """``VLLMEngine(enable_prefix_caching=...)`` reaches vLLM, and episodes (whose every turn re-sends a context
+    that the cache holds) are the same tokens and log-probs with the cache on and off."""
+    from lit_rlft.envs.formats import TextFormat
+    from lit_rlft.rollout.episodes import EpisodeRunner
+    from tests.rollout.test_episodes import Echo, _tok
+
+    module = tiny_module(temperature=0.7)
+    module.configure_model()
+    tok = _tok()
+    runner = EpisodeRunner(Echo(), tok, TextFormat(tok, {"tool": "[{content}]", "user": "{content}"}),
+                           max_turns=3, max_tokens=40, num_workers=1)
+    outs = {}
+    try:
+        for cache in (True, False):
+            engine = _engine(enable_prefix_caching=cache)
+            engine.setup(module.policy, module.tokenizer)
+            assert engine.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching is cache
+            outs[cache] = runner.run(engine, [[5, 6, 7, 8], [9, 10]], [{}, {}], 2,
+                                     SamplingConfig(temperature=0.7, max_new_tokens=8), seed=7).output
+    finally:
+        runner.close()
+    on, off = outs[True], outs[False]
+    assert bool((on.policy_mask < on.completion_mask).any()), "single turns only: no context was re-sent"
+    assert torch.equal(on.completion_ids, off.completion_ids) and torch.equal(on.policy_mask, off.policy_mask)
+    assert float((on.logprobs - off.logprobs).abs().max()) < TOL
