@@ -3,6 +3,7 @@ event file holding the metric names users know from TRL."""
 
 from __future__ import annotations
 
+import json
 import sys
 import warnings
 from pathlib import Path
@@ -274,8 +275,6 @@ def test_the_readme_demo_before_its_warm_start_says_to_run_sft(capsys, monkeypat
 def test_the_demo_runs_end_to_end_and_reports_the_step_and_budget(tmp_path):
     """``make demo``'s path (shipped configs, SFT, validation, GRPO, report) at one step each and a small held-out
     set; the report's step count and completions come from the step that ran."""
-    import json
-
     from lit_rlft.cli.demo import run
 
     small = ["--data.batch_size", "4", "--data.train.init_args.size", "64", "--data.val.init_args.size", "12",
@@ -391,3 +390,29 @@ def test_the_guessing_game_configs_run_from_yaml(tmp_path):
     for tag in ("episodes/turns_mean", "episodes/ended_by_env", "budget/generated_tokens_train", "val/accuracy"):
         assert tag in scalars, (tag, sorted(scalars))
     assert events.Tags()["tensors"] or events.Tags().get("text"), "no transcript table logged"
+
+
+def test_the_calculator_configs_run_from_yaml(tmp_path):
+    """The tool-calling example as a user runs it (shortened): the warm start on the calculator demonstrations (whose
+    episodes need more than the tiny policy's default 256 positions), then GRPO with the calculator tool."""
+    configs = REPO / "configs" / "envs"
+    sft_out = tmp_path / "calculator_sft"
+    tiny = yaml.safe_dump({**TINY_SMALL, "max_position_embeddings": 512}, default_flow_style=True)
+    main(["sft", "--config", str(configs / "sft_calculator_countdown_tiny.yaml"), "--trainer.max_steps", "2",
+          "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+          "--trainer.default_root_dir", str(tmp_path), "--model.tiny", tiny,
+          "--model.output_dir", str(sft_out), "--data.train.init_args.size", "64", "--data.batch_size", "16"])
+    assert json.loads((sft_out / "config.json").read_text())["max_position_embeddings"] == 512
+    main(["fit", "--config", str(configs / "calculator_countdown_tiny.yaml"), "--trainer.max_steps", "1",
+          "--trainer.val_check_interval", "1", "--trainer.enable_progress_bar", "false",
+          "--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.save_dir", str(tmp_path),
+          "--model.model", str(sft_out), "--model.generation.num_generations", "2",
+          "--model.generation.max_completion_length", "24", "--model.episodes.max_tokens", "64",
+          "--data.train.init_args.size", "32", "--data.val.init_args.size", "4", "--data.batch_size", "2",
+          "--data.val_batch_size", "4"])
+    events = EventAccumulator(str(next(tmp_path.rglob("events.out.tfevents.*")).parent))
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    for tag in ("episodes/tool_calls_mean", "episodes/tool_failure_rate", "rewards/countdown_reward/mean",
+                "val/accuracy"):
+        assert tag in scalars, (tag, sorted(scalars))

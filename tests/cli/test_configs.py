@@ -92,10 +92,12 @@ def test_the_environment_configs_parse(capsys):
     cfg = _print_config(capsys, CONFIGS / "envs" / "guess_number_tiny.yaml")
     assert cfg["model"]["environment"]["class_path"] == "lit_rlft.envs.GuessNumberEnv"
     assert cfg["model"]["episodes"]["max_turns"] == 4
-    cfg = _print_config(capsys, CONFIGS / "countdown_tiny.yaml", CONFIGS / "envs" / "calculator_countdown_tiny.yaml")
+    cfg = _print_config(capsys, CONFIGS / "envs" / "calculator_countdown_tiny.yaml")
     assert cfg["model"]["environment"]["init_args"]["tools"] == ["lit_rlft.envs.calculator"]
+    assert cfg["model"]["model"] == "runs/calculator_sft/model"  # the tool-calling warm start's output
     cfg = _print_config(capsys, CONFIGS / "gsm8k_smollm2_lora.yaml", CONFIGS / "envs" / "calculator_gsm8k_smollm2.yaml")
     assert cfg["model"]["episodes"]["observation_format"] == "chat" and cfg["model"]["lora"]["r"] == 16
-    with pytest.raises(SystemExit) as exc:
-        main(["sft", "--config", str(CONFIGS / "envs" / "sft_guess_number_tiny.yaml"), "--print_config"])
-    assert exc.value.code == 0
+    for warm_start in ("sft_guess_number_tiny.yaml", "sft_calculator_countdown_tiny.yaml"):
+        with pytest.raises(SystemExit) as exc:
+            main(["sft", "--config", str(CONFIGS / "envs" / warm_start), "--print_config"])
+        assert exc.value.code == 0
