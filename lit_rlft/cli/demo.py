@@ -50,11 +50,12 @@ def _accuracy_table(before: dict[str, float], after: dict[str, float]) -> list[s
 
 def warm_start_then_grpo(out: Path, sft_config: Path, grpo_config: Path, version: str, threads: int,
                          sft_steps: int | None = None, grpo_steps: int | None = None,
-                         grpo_overrides: Sequence[str] = ()) -> tuple[Any, dict[str, float], dict[str, float], dict]:
+                         grpo_overrides: Sequence[str] = (), sft_overrides: Sequence[str] = ()
+                         ) -> tuple[Any, dict[str, float], dict[str, float], dict]:
     """The SFT-then-GRPO driver of the demos: the warm start (``sft_config``, written to ``out/sft/model``; skipped
     when it exists), held-out evaluation, GRPO (``grpo_config`` from that model, TensorBoard version ``version`` in
     ``out/grpo/tb``), held-out evaluation again. ``*_steps`` override the configs' ``max_steps``;
-    ``grpo_overrides``: more ``lit-rlft fit`` arguments.
+    ``grpo_overrides`` / ``sft_overrides``: more ``lit-rlft fit`` / ``lit-rlft sft`` arguments.
 
     Returns:
         ``(cli, before, after, timings)``: the GRPO ``LightningCLI`` (its trained model and step), the evaluations
@@ -70,7 +71,7 @@ def warm_start_then_grpo(out: Path, sft_config: Path, grpo_config: Path, version
                 "--trainer.default_root_dir", str(out / "sft"), "--trainer.logger.init_args.save_dir", str(out / "sft")]
         if sft_steps:
             args += ["--trainer.max_steps", str(sft_steps)]
-        sft_cli(args)
+        sft_cli([*args, *sft_overrides])
     timings["sft_s"] = time.perf_counter() - t0
 
     grpo_dir = out / "grpo"
