@@ -26,6 +26,7 @@ __all__ = [
     "arithmetic_value",
     "countdown_key",
     "held_out",
+    "random_countdown_expression",
     "task_records",
     "write_jsonl",
 ]
@@ -122,6 +123,13 @@ def _infix(tree: Any) -> tuple[str, int]:
     if rprec < prec or (rprec == prec and op == "-"):
         rtext = f"({rtext})"
     return f"{ltext}{op}{rtext}", prec
+
+
+def random_countdown_expression(nums: list[int], rng: random.Random) -> tuple[str, int]:
+    """A random expression using every number of ``nums`` once, in their order (random shape, operators uniform,
+    as :class:`CountdownTask` builds its solutions): its infix text and its value."""
+    tree = _build_tree(nums, rng)
+    return _infix(tree)[0], _value(tree)
 
 
 class CountdownTask(Task):

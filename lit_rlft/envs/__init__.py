@@ -3,9 +3,9 @@
 An environment answers each policy turn with observation messages or the end of the episode (:mod:`.base`);
 :class:`ToolEnvironment` runs the tools the policy calls (:mod:`.tools`); :class:`GuessNumberEnv` and
 :class:`GuessNumberTask` are a small game to test multi-turn training on (:mod:`.games`);
-:class:`CalculatorCountdownDemonstrations` warm-start a policy to call a calculator on Countdown (:mod:`.calculator_countdown`); observations become tokens
-through the chat template or a plain-text format (:mod:`.formats`); the episodes themselves are rolled out by
-:mod:`lit_rlft.rollout.episodes`.
+:class:`CalculatorCountdownDemonstrations` warm-start a policy to call a calculator on Countdown
+(:mod:`.calculator_countdown`); observations become tokens through the chat template or a plain-text format
+(:mod:`.formats`); the episodes themselves are rolled out by :mod:`lit_rlft.rollout.episodes`.
 """
 
 from lit_rlft.envs.base import Environment, EnvStep, Message, environment_reward

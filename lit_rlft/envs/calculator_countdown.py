@@ -20,7 +20,7 @@ import json
 import random
 
 from lit_rlft.data.sources import Record
-from lit_rlft.data.tasks import CountdownTask, Task, _build_tree, _infix, _value
+from lit_rlft.data.tasks import CountdownTask, Task, random_countdown_expression
 
 __all__ = ["CalculatorCountdownDemonstrations", "tool_call_text"]
 
@@ -104,7 +104,7 @@ class CalculatorCountdownDemonstrations(Task):
         for _ in range(_RETRIES):
             order = list(nums)
             rng.shuffle(order)
-            tree = _build_tree(order, rng)
-            if _value(tree) != target:
-                return _infix(tree)[0], _value(tree)
+            expression, value = random_countdown_expression(order, rng)
+            if value != target:
+                return expression, value
         return None

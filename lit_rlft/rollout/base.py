@@ -76,6 +76,15 @@ class RolloutEngine:
     """What the last :meth:`sync_weights` pushed, in bytes, for engines that hold weights of their own (vLLM);
     ``None`` for engines that share the policy (logged as ``perf/weight_sync_mib`` when set)."""
 
+    synced: bool = False
+    """Whether every :meth:`generate` call is a collective across ranks (a sharded policy generating in place: the HF
+    engine under FSDP); callers that make a data-dependent number of calls agree through :meth:`any_rank`."""
+
+    def any_rank(self, flag: bool) -> bool:
+        """``flag`` on any rank: a collective when :attr:`synced` (every rank must call it), just ``flag``
+        otherwise."""
+        return flag
+
     def setup(self, model: nn.Module, tokenizer: Any, sharded: bool = False) -> None:
         """Bind the policy. ``sharded``: the policy is sharded across ranks (FSDP), so every rank must run the same
         number of forward passes while generating."""

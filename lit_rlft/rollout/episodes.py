@@ -140,7 +140,6 @@ class EpisodeRunner:
     def run(self, engine: RolloutEngine, prompts: Sequence[list[int]], rows: Sequence[dict[str, Any]], G: int,
             sampling: SamplingConfig, seed: int | None = None) -> EpisodeOutput:
         """``G`` episodes of each of the ``B`` tokenised ``prompts`` (``rows``: each prompt's data-set columns)."""
-        synced = getattr(engine, "synced", False)  # a sharded policy: every generate call is a collective
         budget = self.max_tokens or sampling.max_new_tokens
         episodes = [_Episode() for _ in range(len(prompts) * G)]
         contexts = [list(p) for p in prompts for _ in range(G)]
@@ -154,7 +153,7 @@ class EpisodeRunner:
             if going:
                 self._environment(episodes, going, row_of, turn, budget, counts)
                 going = [e for e in going if episodes[e].finish is None]
-            if not (engine.any_rank(bool(going)) if synced else going):
+            if not engine.any_rank(bool(going)):  # a collective when the engine's calls are (a sharded policy)
                 break
             if not going:  # sharded, and another rank's episodes go on: a throw-away call keeps the ranks in step
                 engine.generate([list(prompts[0])], 1, replace(sampling, max_new_tokens=1))

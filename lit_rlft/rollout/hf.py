@@ -237,9 +237,7 @@ class HFEngine(RolloutEngine):
         return tokens[:, :done], scores
 
     def any_rank(self, flag: bool) -> bool:
-        """``flag`` on any rank: a collective when the policy is sharded (every rank must call it), just ``flag``
-        otherwise. Callers that make a data-dependent number of :meth:`generate` calls (multi-turn episodes) agree
-        with it on whether another call is due."""
+        """``flag`` on any rank: an all-reduce when the policy is sharded (see :meth:`RolloutEngine.any_rank`)."""
         return self._any_rank(flag, next(self.model.parameters()).device)
 
     def _any_rank(self, flag: bool, device: torch.device) -> bool:
