@@ -101,9 +101,9 @@ def no_tool_reference(base_model: Path) -> dict[str, float]:
 
 
 def plot(result: dict, path: Path) -> Path:
-    from lit_rlft.reporting import _pyplot
+    from lit_rlft.reporting import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     spec, curves = EXAMPLES[result["example"]], result["curves"]
     completions = dict(curves["budget/completions"])
 

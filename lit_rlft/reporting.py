@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the file backend (Agg), or an ImportError naming the extra to install."""
     try:
         import matplotlib
     except ImportError as exc:
@@ -44,7 +45,7 @@ def _smooth(values: list[float], window: int = 10) -> list[float]:
 
 def plot_curves(scalars: dict[str, list[tuple[int, float]]], path: str | Path) -> Path:
     """Training reward and effective ratio (smoothed) and held-out accuracy by bucket, over rollout steps."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for tag, label in (("reward", "training reward"), ("effective_ratio", "effective ratio")):
         if tag in scalars:
