@@ -47,7 +47,7 @@ def tiny_module(**overrides):
 
 def tiny_config(**overrides):
     """A GRPOConfig on the tiny policy, for Fabric and plain loops (see :func:`tiny_settings`)."""
-    from lit_rlft.step.builder import GRPOConfig
+    from lit_rlft.step.config import GRPOConfig
 
     return GRPOConfig(**tiny_settings(**overrides))
 

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from benchmarks.study.rollouts import countdown_rewards, sample_groups
+from lit_rlft.rollout import HFEngine, InProcessRollouts, RolloutEngine
 
 #: torch seed of every evaluation: all runs and points see the same sampling noise (common random numbers).
 EVAL_SEED = 1234
@@ -44,6 +45,16 @@ class EvalCallback(L.Callback):
         self._next = 0
         self._rewards = countdown_rewards()
         self.eval_counts: dict[str, int] = {}
+        self._engine: HFEngine | None = None
+
+    def local_engine(self, step: Any) -> RolloutEngine:
+        """An engine that samples from the trainer's own policy in this process: the in-process source's, or (a
+        generation process has its own copy of the weights) an HF engine bound to the policy, made once."""
+        if isinstance(step.source, InProcessRollouts):
+            return step.source.engine
+        if self._engine is None or self._engine.model is not step.policy:
+            self._engine = HFEngine.bound(step.policy, step.tokenizer)
+        return self._engine
 
     def start(self) -> None:
         """Start the training clock (call right before ``trainer.fit``)."""
@@ -81,12 +92,12 @@ class EvalCallback(L.Callback):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(EVAL_SEED)
             val_ids = dm.pool("val").ids
-            _, correct = sample_groups(pl_module.grpo.local_engine(), pl_module.tokenizer, dm, self._rewards, val_ids, "val",
+            _, correct = sample_groups(self.local_engine(step), pl_module.tokenizer, dm, self._rewards, val_ids, "val",
                                        self.k, sampling, max(1, self.chunk // self.k), threshold)
             point.update(self._by_difficulty("val/accuracy", correct.mean(axis=1),
                                              dm.reward_columns(val_ids, "val")["difficulty"], learnable=True))
             torch.manual_seed(EVAL_SEED + 1)
-            rewards, _ = sample_groups(pl_module.grpo.local_engine(), pl_module.tokenizer, dm, self._rewards, self.train_ids,
+            rewards, _ = sample_groups(self.local_engine(step), pl_module.tokenizer, dm, self._rewards, self.train_ids,
                                        "train", self.train_generations, train_sampling,
                                        max(1, self.chunk // self.train_generations), threshold)
             point.update(self._by_difficulty("train_pool_reward", rewards.mean(axis=1),

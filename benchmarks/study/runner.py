@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from benchmarks.study.config import RunSpec, StudyConfig
 from benchmarks.study.jsonio import read_json, write_json
 from benchmarks.study.run_one import is_finished, run_and_write, run_json_path
-from lit_rlft.rewards.pool import set_parent_death_signal
+from lit_rlft.core.processes import set_parent_death_signal
 
 REPO = Path(__file__).resolve().parents[2]
 

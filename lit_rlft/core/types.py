@@ -47,9 +47,9 @@ class Rollouts:
     ``behaviour_logprobs`` holds, for every row, the per-token log-probs of mu, the policy that sampled it. The rule:
     a replayed row keeps the mu it was stored with; a fresh row's mu is the engine's sampling log-probs
     (``engine_logprobs``) when the engine reports them (vLLM: its own copy of the weights), else pi_old, the policy
-    before this step's update (``HFEngine`` samples with the policy itself). The policy update is its one writer: it
-    fills the fresh rows (pi_old is known only once its forward pass has run), so the field is complete once a step
-    has trained on the batch, and the replay buffer stores it from there.
+    before this step's update (``HFEngine`` samples with the policy itself). The policy update produces it (pi_old is
+    known only once its forward pass has run: ``UpdateOutput.behaviour_logprobs``), and the step returns the batch with
+    it (``StepOutput.rollouts``), complete; the replay buffer stores it from there.
 
     ``reward_per_func`` holds each reward function's unweighted scores (NaN rows for groups that were not scored
     here, such as replayed ones); ``generation_s`` is the wall time the engine spent generating these rows.

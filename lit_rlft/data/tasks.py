@@ -4,6 +4,9 @@ Every task has typed constructor arguments (LightningCLI builds them from YAML) 
 are deterministic for a seed. A fixed hash of each instance's key (independent of the seed) holds out a fraction
 of the instance space: ``split="train"`` yields only non-held-out instances, ``"test"`` only held-out ones and
 ``"all"`` both, so a train pool and a test pool never share an instance, whatever their seeds.
+
+Such tasks derive from :class:`SampledTask`, which holds these shared arguments and draws the instances by rejection
+sampling (:meth:`SampledTask.sample`); a task only says how to draw one candidate and how to write its record.
 """
 
 from __future__ import annotations
@@ -12,15 +15,16 @@ import hashlib
 import json
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from lit_rlft.data.sources import Record
 
 __all__ = [
     "ArithmeticTask",
     "CountdownTask",
+    "SampledTask",
     "Split",
     "Task",
     "arithmetic_value",
@@ -35,6 +39,8 @@ Split = Literal["train", "test", "all"]
 
 #: Consecutive rejected candidates after which generation gives up (the instance space is too small).
 MAX_CONSECUTIVE_REJECTIONS: int = 50_000
+
+_T = TypeVar("_T")
 
 
 class Task(ABC):
@@ -55,15 +61,93 @@ def countdown_key(nums: Iterable[int], target: int) -> str:
     return ",".join(str(n) for n in sorted(nums)) + f">{target}"
 
 
-def _check_common(size: int, held_out_fraction: float, split: str) -> None:
-    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-        raise ValueError(f"size must be an integer >= 1, got {size!r}")
-    if not 0.0 <= held_out_fraction < 1.0:
-        raise ValueError(f"held_out_fraction must be in [0, 1), got {held_out_fraction!r}")
-    if split not in ("train", "test", "all"):
-        raise ValueError(f"split must be one of 'train', 'test', 'all', got {split!r}")
-    if split == "test" and held_out_fraction == 0.0:
-        raise ValueError("split='test' with held_out_fraction=0 has no instances: set held_out_fraction > 0")
+class SampledTask(Task):
+    """A task whose instances are drawn at random and kept by split: the shared arguments and the sampling loop.
+
+    A subclass takes ``size``, ``split``, ``held_out_fraction``, ``seed`` and ``unique`` among its own typed
+    arguments (documented in its ``Args:``), hands them to ``super().__init__`` (which checks them and sets the
+    attributes of the same names) and generates its records through :meth:`sample`::
+
+        def records(self) -> list[Record]:
+            rng = random.Random(self.seed)
+
+            def draw(_: None) -> tuple[str, int]:
+                n = rng.randint(1, 99)
+                return str(n), n  # (key, instance)
+
+            return [Record({"n": n}, f"generated:example#{i}")
+                    for i, n in enumerate(self.sample(draw, lambda _: "lower size"))]
+
+    Args:
+        size: Number of instances.
+        split: ``"train"`` (not held out), ``"test"`` (held out) or ``"all"``.
+        held_out_fraction: Fraction of keys held out, by a fixed hash (:func:`held_out`).
+        seed: Random seed.
+        unique: Keep only the first instance of each key.
+    """
+
+    def __init__(self, size: int, split: Split, held_out_fraction: float, seed: int, unique: bool) -> None:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ValueError(f"size must be an integer >= 1, got {size!r}")
+        if not 0.0 <= held_out_fraction < 1.0:
+            raise ValueError(f"held_out_fraction must be in [0, 1), got {held_out_fraction!r}")
+        if split not in ("train", "test", "all"):
+            raise ValueError(f"split must be one of 'train', 'test', 'all', got {split!r}")
+        if split == "test" and held_out_fraction == 0.0:
+            raise ValueError("split='test' with held_out_fraction=0 has no instances: set held_out_fraction > 0")
+        self.size = size
+        self.split = split
+        self.held_out_fraction = held_out_fraction
+        self.seed = seed
+        self.unique = unique
+
+    def sample(
+        self,
+        draw: Callable[[Any], tuple[str, _T] | None],
+        describe: Callable[[Any], str],
+        stratum: Callable[[], Any] | None = None,
+    ) -> Iterator[_T]:
+        """Yield ``size`` instances, drawn by rejection sampling.
+
+        Per instance, ``stratum()`` is called once (when given: e.g. the instance's count of numbers, drawn by
+        weight), then ``draw(s)`` with its value ``s`` (None without ``stratum``) until a candidate is kept.
+        ``draw`` returns ``(key, instance)``, or None for a candidate that is invalid in itself; a candidate is kept
+        when ``held_out(key, held_out_fraction)`` fits ``split`` and, with ``unique``, no kept candidate had its key.
+
+        A generator: each instance is drawn when the caller asks for it, so the caller may use the same random
+        stream between instances (to shuffle what it was given, say).
+
+        Args:
+            draw: One candidate from the stratum's value: ``(key, instance)`` or None.
+            describe: The settings that make the instance space too small, for the error message, from the
+                stratum's value (e.g. ``"3 numbers, max_number=15, ...: lower size or ..."``).
+            stratum: Called once per instance, before its candidates; None for no stratum.
+
+        Raises:
+            ValueError: ``MAX_CONSECUTIVE_REJECTIONS`` candidates in a row were rejected (the message names the
+                task, the instances collected so far and ``describe(s)``).
+        """
+        seen: set[str] = set()
+        for count in range(self.size):
+            s = stratum() if stratum is not None else None
+            rejected = 0
+            while True:
+                drawn = draw(s)
+                if drawn is not None:
+                    key, instance = drawn
+                    kept = self.split == "all" or (self.split == "test") == held_out(key, self.held_out_fraction)
+                    if kept and not (self.unique and key in seen):
+                        break
+                rejected += 1
+                if rejected >= MAX_CONSECUTIVE_REJECTIONS:
+                    raise ValueError(
+                        f"{type(self).__name__}: collected only {count} of size={self.size} instances after "
+                        f"{MAX_CONSECUTIVE_REJECTIONS} consecutive rejected candidates: the instance space is too "
+                        f"small for these settings ({describe(s)})"
+                    )
+            if self.unique:
+                seen.add(key)
+            yield instance
 
 
 def _check_weights(weights: Sequence[float] | None, n: int, name: str, option: str) -> list[float] | None:
@@ -75,17 +159,6 @@ def _check_weights(weights: Sequence[float] | None, n: int, name: str, option: s
     if any(w < 0 for w in weights) or sum(weights) <= 0:
         raise ValueError(f"weights must be non-negative with a positive sum, got {weights} (for {name})")
     return weights
-
-
-def _keep(split: str, is_held_out: bool) -> bool:
-    return split == "all" or (split == "test") == is_held_out
-
-
-def _too_small(task: str, got: int, size: int, hint: str) -> ValueError:
-    return ValueError(
-        f"{task}: collected only {got} of size={size} instances after {MAX_CONSECUTIVE_REJECTIONS} consecutive "
-        f"rejected candidates: the instance space is too small for these settings ({hint})"
-    )
 
 
 # ----------------------------------------------------------------------------------------------------- Countdown
@@ -132,7 +205,7 @@ def random_countdown_expression(nums: list[int], rng: random.Random) -> tuple[st
     return _infix(tree)[0], _value(tree)
 
 
-class CountdownTask(Task):
+class CountdownTask(SampledTask):
     """Countdown: reach a target from a few numbers with ``+ - *`` and parentheses, each number used once.
 
     Each instance draws ``k`` from ``num_numbers`` (by ``weights``, uniform by default), ``k`` numbers uniformly
@@ -168,7 +241,7 @@ class CountdownTask(Task):
         seed: int = 0,
         unique: bool = False,
     ) -> None:
-        _check_common(size, held_out_fraction, split)
+        super().__init__(size, split, held_out_fraction, seed, unique)
         num_numbers = [int(k) for k in num_numbers]
         if not num_numbers or any(k < 2 for k in num_numbers):
             raise ValueError(f"num_numbers must be a non-empty list of integers >= 2, got {num_numbers}")
@@ -176,47 +249,36 @@ class CountdownTask(Task):
             raise ValueError(f"max_number must be >= 1, got {max_number}")
         if max_target < 0:
             raise ValueError(f"max_target must be >= 0, got {max_target}")
-        self.size = size
         self.num_numbers = num_numbers
         self.weights = _check_weights(weights, len(num_numbers), "CountdownTask", "num_numbers")
         self.max_number = max_number
         self.max_target = max_target
-        self.split = split
-        self.held_out_fraction = held_out_fraction
-        self.seed = seed
-        self.unique = unique
 
     def records(self) -> list[Record]:
         """Generate the instances (deterministic for the arguments)."""
         rng = random.Random(self.seed)
+
+        def draw(k: int) -> tuple[str, tuple[int, list[int], Any, int]] | None:
+            nums = [rng.randint(1, self.max_number) for _ in range(k)]
+            tree = _build_tree(nums, rng)
+            target = _value(tree)
+            if not 0 <= target <= self.max_target:
+                return None
+            return countdown_key(nums, target), (k, nums, tree, target)
+
+        def describe(k: int) -> str:
+            return (
+                f"{k} numbers, max_number={self.max_number}, max_target={self.max_target}, split={self.split!r}, "
+                f"unique={self.unique}: lower size, raise max_number or max_target, or set unique=False"
+            )
+
+        def stratum() -> int:
+            return rng.choices(self.num_numbers, weights=self.weights)[0]
+
         out: list[Record] = []
-        seen: set[str] = set()
-        while len(out) < self.size:
-            (k,) = rng.choices(self.num_numbers, weights=self.weights)
-            rejected = 0
-            while True:
-                nums = [rng.randint(1, self.max_number) for _ in range(k)]
-                tree = _build_tree(nums, rng)
-                target = _value(tree)
-                if 0 <= target <= self.max_target:
-                    key = countdown_key(nums, target)
-                    if _keep(self.split, held_out(key, self.held_out_fraction)) and not (self.unique and key in seen):
-                        break
-                rejected += 1
-                if rejected >= MAX_CONSECUTIVE_REJECTIONS:
-                    raise _too_small(
-                        "CountdownTask",
-                        len(out),
-                        self.size,
-                        f"{k} numbers, max_number={self.max_number}, max_target={self.max_target}, "
-                        f"split={self.split!r}, unique={self.unique}: lower size, raise max_number or "
-                        "max_target, or set unique=False",
-                    )
-            if self.unique:
-                seen.add(key)
+        for i, (k, nums, tree, target) in enumerate(self.sample(draw, describe, stratum)):
             shown = list(nums)
-            rng.shuffle(shown)
-            i = len(out)
+            rng.shuffle(shown)  # the next instance is drawn after this shuffle (sample is a generator)
             out.append(
                 Record(
                     {
@@ -248,7 +310,7 @@ def arithmetic_value(operands: Sequence[int], ops: Sequence[str]) -> int:
     return sum(s * t for s, t in zip(signs, terms))
 
 
-class ArithmeticTask(Task):
+class ArithmeticTask(SampledTask):
     """Multi-digit arithmetic: ``"123+45="`` answered with the exact integer.
 
     Each instance draws ``d`` from ``digits`` (by ``weights``) and ``num_operands`` operands with exactly ``d``
@@ -283,7 +345,7 @@ class ArithmeticTask(Task):
         seed: int = 0,
         unique: bool = False,
     ) -> None:
-        _check_common(size, held_out_fraction, split)
+        super().__init__(size, split, held_out_fraction, seed, unique)
         digits = [int(d) for d in digits]
         if not digits or any(d < 1 for d in digits):
             raise ValueError(f"digits must be a non-empty list of integers >= 1, got {digits}")
@@ -291,15 +353,10 @@ class ArithmeticTask(Task):
             raise ValueError(f"num_operands must be >= 2, got {num_operands}")
         if not operators or any(c not in "+-*" for c in operators):
             raise ValueError(f"operators must be a non-empty string of '+', '-', '*', got {operators!r}")
-        self.size = size
         self.digits = digits
         self.weights = _check_weights(weights, len(digits), "ArithmeticTask", "digits")
         self.num_operands = num_operands
         self.operators = operators
-        self.split = split
-        self.held_out_fraction = held_out_fraction
-        self.seed = seed
-        self.unique = unique
 
     def _draw(self, d: int, rng: random.Random) -> tuple[str, int] | None:
         low, high = (0, 9) if d == 1 else (10 ** (d - 1), 10**d - 1)
@@ -321,39 +378,30 @@ class ArithmeticTask(Task):
     def records(self) -> list[Record]:
         """Generate the instances (deterministic for the arguments)."""
         rng = random.Random(self.seed)
-        out: list[Record] = []
-        seen: set[str] = set()
-        while len(out) < self.size:
-            (d,) = rng.choices(self.digits, weights=self.weights)
-            rejected = 0
-            while True:
-                drawn = self._draw(d, rng)
-                if drawn is not None:
-                    prompt, value = drawn
-                    if _keep(self.split, held_out(prompt, self.held_out_fraction)) and not (
-                        self.unique and prompt in seen
-                    ):
-                        break
-                rejected += 1
-                if rejected >= MAX_CONSECUTIVE_REJECTIONS:
-                    raise _too_small(
-                        "ArithmeticTask",
-                        len(out),
-                        self.size,
-                        f"{d} digits, num_operands={self.num_operands}, operators={self.operators!r}, "
-                        f"split={self.split!r}, unique={self.unique}: lower size, use more digits, or set "
-                        "unique=False",
-                    )
-            if self.unique:
-                seen.add(prompt)
-            answer = str(value)
-            out.append(
-                Record(
-                    {"prompt": prompt, "answer": answer, "solution": answer, "difficulty": d},
-                    f"generated:arithmetic#{len(out)}",
-                )
+
+        def draw(d: int) -> tuple[str, tuple[int, str, int]] | None:
+            drawn = self._draw(d, rng)
+            if drawn is None:
+                return None
+            prompt, value = drawn
+            return prompt, (d, prompt, value)
+
+        def describe(d: int) -> str:
+            return (
+                f"{d} digits, num_operands={self.num_operands}, operators={self.operators!r}, split={self.split!r}, "
+                f"unique={self.unique}: lower size, use more digits, or set unique=False"
             )
-        return out
+
+        def stratum() -> int:
+            return rng.choices(self.digits, weights=self.weights)[0]
+
+        return [
+            Record(
+                {"prompt": prompt, "answer": str(value), "solution": str(value), "difficulty": d},
+                f"generated:arithmetic#{i}",
+            )
+            for i, (d, prompt, value) in enumerate(self.sample(draw, describe, stratum))
+        ]
 
 
 # ------------------------------------------------------------------------------------------------------- helpers

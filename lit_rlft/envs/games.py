@@ -16,15 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lit_rlft.data.sources import Record
-from lit_rlft.data.tasks import (
-    MAX_CONSECUTIVE_REJECTIONS,
-    Split,
-    Task,
-    _check_common,
-    _keep,
-    _too_small,
-    held_out,
-)
+from lit_rlft.data.tasks import SampledTask, Split, Task
 from lit_rlft.envs.base import Environment, EnvStep, Message
 
 __all__ = ["GuessNumberDemonstrations", "GuessNumberEnv", "GuessNumberTask", "binary_search_guesses", "guess_number_key", "parse_guess"]
@@ -152,7 +144,7 @@ def binary_search_guesses(low: int, high: int, target: int) -> int:
     raise ValueError(f"target {target} is outside the range")
 
 
-class GuessNumberTask(Task):
+class GuessNumberTask(SampledTask):
     """Guess-the-number prompts for :class:`GuessNumberEnv`: each instance draws its target uniformly from
     ``low..high``, redrawn until it falls in the requested split (and, with ``unique``, is new).
 
@@ -184,54 +176,41 @@ class GuessNumberTask(Task):
         seed: int = 0,
         unique: bool = False,
     ) -> None:
-        _check_common(size, held_out_fraction, split)
+        super().__init__(size, split, held_out_fraction, seed, unique)
         if not isinstance(low, int) or not isinstance(high, int) or low > high:
             raise ValueError(f"low and high must be integers with low <= high, got low={low!r}, high={high!r}")
-        self.size = size
         self.low = low
         self.high = high
-        self.split = split
-        self.held_out_fraction = held_out_fraction
-        self.seed = seed
-        self.unique = unique
 
     def records(self) -> list[Record]:
         """Generate the instances (deterministic for the arguments)."""
         rng = random.Random(self.seed)
-        out: list[Record] = []
-        seen: set[int] = set()
-        prompt = f"Guess my number between {self.low} and {self.high}. Answer with <guess>N</guess>.\n"
-        while len(out) < self.size:
-            rejected = 0
-            while True:
-                target = rng.randint(self.low, self.high)
-                key = guess_number_key(self.low, self.high, target)
-                if _keep(self.split, held_out(key, self.held_out_fraction)) and not (self.unique and target in seen):
-                    break
-                rejected += 1
-                if rejected >= MAX_CONSECUTIVE_REJECTIONS:
-                    raise _too_small(
-                        "GuessNumberTask",
-                        len(out),
-                        self.size,
-                        f"targets {self.low}..{self.high}, split={self.split!r}, unique={self.unique}: lower size, "
-                        "widen the range, or set unique=False",
-                    )
-            seen.add(target)
-            out.append(
-                Record(
-                    {
-                        "prompt": prompt,
-                        "target": target,
-                        "low": self.low,
-                        "high": self.high,
-                        "answer": str(target),
-                        "difficulty": binary_search_guesses(self.low, self.high, target),
-                    },
-                    f"generated:guess_number#{len(out)}",
-                )
+
+        def draw(_: None) -> tuple[str, int]:
+            target = rng.randint(self.low, self.high)
+            return guess_number_key(self.low, self.high, target), target
+
+        def describe(_: None) -> str:
+            return (
+                f"targets {self.low}..{self.high}, split={self.split!r}, unique={self.unique}: lower size, "
+                "widen the range, or set unique=False"
             )
-        return out
+
+        prompt = f"Guess my number between {self.low} and {self.high}. Answer with <guess>N</guess>.\n"
+        return [
+            Record(
+                {
+                    "prompt": prompt,
+                    "target": target,
+                    "low": self.low,
+                    "high": self.high,
+                    "answer": str(target),
+                    "difficulty": binary_search_guesses(self.low, self.high, target),
+                },
+                f"generated:guess_number#{i}",
+            )
+            for i, target in enumerate(self.sample(draw, describe))
+        ]
 
 
 class GuessNumberDemonstrations(Task):

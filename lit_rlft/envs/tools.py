@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import importlib
 import inspect
 import io
 import json
@@ -36,6 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from lit_rlft.core.imports import import_object
 from lit_rlft.envs.base import Environment, EnvStep, Message
 
 __all__ = [
@@ -242,28 +242,21 @@ def resolve_tool(tool: Callable[..., Any] | str) -> Callable[..., Any]:
         if not callable(tool):
             raise ValueError(f"tool {tool!r} is not callable (give a function or a dotted import path)")
         return tool
-    parts = tool.strip().split(".")
+    path = tool.strip()
+    parts = path.split(".")
     if len(parts) < 2 or not all(p.isidentifier() for p in parts):
         raise ValueError(f"tool {tool!r}: not a dotted import path like 'package.module.function'")
-    for i in range(len(parts) - 1, 0, -1):
-        module_name = ".".join(parts[:i])
-        try:
-            obj: Any = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
-            if e.name is not None and (module_name == e.name or module_name.startswith(e.name + ".")):
-                continue  # this prefix is not a module: try a shorter one
-            raise ValueError(f"tool {tool!r}: importing {module_name} failed: {e}") from e
-        except Exception as e:
-            raise ValueError(f"tool {tool!r}: importing {module_name} failed: {type(e).__name__}: {e}") from e
-        try:
-            for attr in parts[i:]:
-                obj = getattr(obj, attr)
-        except AttributeError:
-            raise ValueError(f"tool {tool!r}: module {module_name} has no attribute {'.'.join(parts[i:])!r}") from None
-        if not callable(obj):
-            raise ValueError(f"tool {tool!r} is not callable (it is a {type(obj).__name__})")
-        return obj
-    raise ValueError(f"tool {tool!r} cannot be imported: no module {parts[0]!r}")
+    try:
+        # allow_module=False: "pkg.tool" is the function pkg/__init__.py exports, not the submodule of that name
+        obj = import_object(path, "tool", allow_module=False,
+                            no_attribute="cannot resolve {what} {path!r}: {owner!r} has no attribute {attribute!r}")
+    except ValueError:
+        raise
+    except Exception as e:  # the module exists but its import failed (a missing dependency, an error in its code)
+        raise ValueError(f"tool {tool!r}: importing it failed: {type(e).__name__}: {e}") from e
+    if not callable(obj):
+        raise ValueError(f"tool {tool!r} is not callable (it is a {type(obj).__name__})")
+    return obj
 
 
 class ToolEnvironment(Environment):

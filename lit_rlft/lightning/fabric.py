@@ -10,10 +10,10 @@
     torchrun --nproc-per-node 2 train.py                                     # or, for a script without launch():
     fabric run --accelerator cpu --devices 2 --strategy ddp train.py
 
-:class:`FabricLoop` builds the :class:`~lit_rlft.step.grpo.GRPOStep` from a :class:`~lit_rlft.step.builder.GRPOConfig`,
+:class:`FabricLoop` builds the :class:`~lit_rlft.step.grpo.GRPOStep` from a :class:`~lit_rlft.step.config.GRPOConfig`,
 lets Fabric wrap the policy (DDP, or FSDP2 through ``ModelParallelStrategy(parallelize_fn=fsdp2_parallelize)``) and
 its optimizer, and drives the step and the callbacks' context methods (``setup_step``, ``before_first_step``,
-``after_step``) itself; metrics go to Fabric's loggers at the rollout step, checkpoints through ``fabric.save`` in the
+``after_step``) through the one loop (:func:`lit_rlft.step.loop.train`); metrics go to Fabric's loggers at the rollout step, checkpoints through ``fabric.save`` in the
 Trainer's layout (:mod:`lit_rlft.lightning.checkpointing`), so either driver resumes the other's.
 """
 
@@ -40,13 +40,16 @@ from lit_rlft.lightning.checkpointing import (
 )
 from lit_rlft.lightning.module import log_text
 from lit_rlft.models.sharding import data_parallel_mesh, fully_shard_policy, is_sharded
-from lit_rlft.step.builder import GRPOConfig, build_models, build_step
+from lit_rlft.step.builder import build_models, build_step
+from lit_rlft.step.config import GRPOConfig
+from lit_rlft.step.context import StepOutput
 from lit_rlft.step.grpo import GRPOStep
+from lit_rlft.step.loop import train
 from lit_rlft.step.optim import configure_adamw
 
 __all__ = ["FabricLoop", "fsdp2_parallelize"]
 
-_CONTEXT_METHODS = ("setup_step", "before_first_step", "after_step")
+_CONTEXT_METHODS = ("setup_step", "before_first_step", "after_step")  # what train() calls of a callback
 
 
 def fsdp2_parallelize(model: nn.Module, device_mesh: Any) -> nn.Module:
@@ -100,23 +103,14 @@ class FabricLoop:
     # -- the loop ------------------------------------------------------------------------------------------------
     def fit(self, grpo: GRPOConfig | GRPOStep, data: Any, ckpt_path: str | None = None) -> GRPOStep:
         """Build (from a config) or take the step, set it up, optionally resume from ``ckpt_path``, and train until
-        ``max_steps`` or a requested stop; the step. The reward worker processes are stopped when it returns or
-        raises."""
+        ``max_steps`` or a requested stop (the one loop, :func:`lit_rlft.step.loop.train`); the step. The reward
+        worker processes are stopped when it returns or raises."""
         step = self.setup(grpo, data)
         try:
             if ckpt_path is not None:
                 self.load(ckpt_path)
-            step.start()
-            for hook in ("setup_step", "before_first_step"):
-                for cb in self.callbacks:
-                    getattr(cb, hook)(step)
             bar = self._progress_bar(step.rollout_step)
-            while not step.ends_after_this_step():
-                out = step.run(self.backend)
-                self.global_step += out.optimizer_steps
-                self._log(out.metrics, out.step)
-                for cb in self.callbacks:
-                    cb.after_step(step, out)
+            for out in train(step, self.backend, self.callbacks, on_output=self._count_and_log):
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(reward=f"{out.metrics['reward']:.3f}", completions=step.budget.completions)
@@ -132,6 +126,11 @@ class FabricLoop:
         finally:
             step.close()
         return step
+
+    def _count_and_log(self, out: StepOutput) -> None:
+        """Before the callbacks see a step: its optimizer steps counted (``max_steps``), its metrics logged."""
+        self.global_step += out.optimizer_steps
+        self._log(out.metrics, out.step)
 
     def setup(self, grpo: GRPOConfig | GRPOStep, data: Any) -> GRPOStep:
         """What a Trainer does before its first step: the step bound to the data, the ranks, the callbacks and
@@ -162,7 +161,7 @@ class FabricLoop:
     def validate(self) -> dict[str, float]:
         """Run the validation pool through the step (every rank its share); log and return the synced metrics."""
         step = self.step
-        metrics = step.validate(self.data.val_dataloader()) if step.val_metrics is not None else {}
+        metrics = step.validate(self.data.val_dataloader()) if step.validation.metrics is not None else {}
         if metrics:
             self._log(metrics, max(step.rollout_step - 1, 0))
         return metrics

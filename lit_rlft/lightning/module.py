@@ -1,6 +1,6 @@
 """GRPOModule: the Trainer's adapter around :class:`~lit_rlft.step.grpo.GRPOStep` (manual optimisation).
 
-What is here: the step built from the module's arguments (:class:`~lit_rlft.step.builder.GRPOConfig`), the policy
+What is here: the step built from the module's arguments (:class:`~lit_rlft.step.config.GRPOConfig`), the policy
 built (and sharded) in ``configure_model``, the optimizer, one ``training_step`` that runs the step, Lightning's
 validation loop over the step's validation, a requested stop turned into ``trainer.should_stop``, and checkpoint
 hooks. What a step does is in ``lit_rlft.step``.
@@ -31,8 +31,8 @@ from lit_rlft.models.sharding import is_sharded
 from lit_rlft.models.tiny import TinyConfig
 from lit_rlft.rewards.runner import RewardFunc
 from lit_rlft.rollout.base import RolloutEngine
-from lit_rlft.step.builder import GRPOConfig, build_models, build_step
-from lit_rlft.step.config import EpisodeConfig, GenerationConfig, OptimConfig, merge_moved_keys
+from lit_rlft.step.builder import build_models, build_step
+from lit_rlft.step.config import EpisodeConfig, GenerationConfig, GRPOConfig, OptimConfig, merge_moved_keys
 from lit_rlft.step.optim import configure_adamw
 
 
@@ -184,7 +184,7 @@ class GRPOModule(L.LightningModule):
 # The arguments are GRPOConfig's, documented once there; LightningCLI's --help reads them from this docstring.
 GRPOModule.__doc__ = (
     "Group Relative Policy Optimisation with rollout-replay support, for Lightning's Trainer.\n\n"
-    "    The step (``module.grpo``) is built from the arguments, a :class:`~lit_rlft.step.builder.GRPOConfig`\n"
+    "    The step (``module.grpo``) is built from the arguments, a :class:`~lit_rlft.step.config.GRPOConfig`\n"
     "    (``module.config``); ``FabricLoop`` and plain PyTorch loops build the same step from a ``GRPOConfig``.\n"
     "    Flat keyword arguments of lit_rlft 0.2 (``learning_rate=...``) still work from Python, with a warning naming\n"
     "    their new place; on the command line an old key fails with that pointer.\n\n"

@@ -2,7 +2,7 @@
 
 A reward function follows TRL's convention: ``fn(completions: list[str], **columns) -> list[float | None]``.
 Training must go on when a reward function misbehaves on one completion, so the runner scores each completion on
-its own, in worker processes (:mod:`lit_rlft.rewards.pool`): a completion whose scoring raises, runs past
+its own, in worker processes (:mod:`lit_rlft.core.pool`): a completion whose scoring raises, runs past
 ``timeout_s`` or gives None / NaN / inf scores the fallback (0) alone and is counted. A function that returns the
 wrong number of scores, or a non-number, breaks the contract itself and raises ``ValueError``.
 
@@ -14,7 +14,6 @@ workers run, so that several scorers cost the slowest of them, not their sum. Th
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import os
@@ -28,8 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from lit_rlft.core.imports import import_object
+from lit_rlft.core.pool import CONTRACT, ERROR, OK, TIMEOUT, Job, JobResult, WorkerPool
 from lit_rlft.rewards.batched import Failure, ScoreCache, is_batched, score_batched
-from lit_rlft.rewards.pool import CONTRACT, ERROR, OK, TIMEOUT, Task, TaskResult, WorkerPool, score_task, split_rows
+from lit_rlft.rewards.scoring import score_job, split_rows
 
 __all__ = ["RewardFunc", "RewardResult", "RewardRunner", "resolve_reward", "reward_name"]
 
@@ -52,8 +53,6 @@ class RewardResult:
         failures: function name -> ``{"num_errors": n, "num_timeouts": n, "num_unscored": n}`` (functions that
             failed on at least one completion).
         examples: function name -> one failure of it, in words (the exception, the bound).
-        episodes: for multi-turn rollouts, sums over the scored episodes (turns, tool calls, tokens; set by the
-            rollout worker, :meth:`~lit_rlft.rollout.episodes.EpisodeOutput.stats`); empty otherwise.
     """
 
     total: torch.Tensor
@@ -63,7 +62,6 @@ class RewardResult:
     num_unscored: int = 0
     failures: dict[str, dict[str, int]] = field(default_factory=dict)
     examples: dict[str, str] = field(default_factory=dict)
-    episodes: dict[str, float] = field(default_factory=dict)
 
 
 def reward_name(func: Callable[..., Any]) -> str:
@@ -79,27 +77,6 @@ def reward_name(func: Callable[..., Any]) -> str:
     if inner is not None and callable(inner):
         return reward_name(inner)
     return type(func).__name__
-
-
-def _import_longest_prefix(path: str) -> Any:
-    """Import the longest importable module prefix of a dotted ``path`` and walk the rest as attributes."""
-    parts = path.split(".")
-    for cut in range(len(parts), 0, -1):
-        module_name = ".".join(parts[:cut])
-        try:
-            obj: Any = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            # Only "this prefix does not exist" means "try a shorter one"; a missing dependency inside an
-            # existing module is a real error.
-            if exc.name is not None and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-                continue
-            raise
-        for attribute in parts[cut:]:
-            if not hasattr(obj, attribute):
-                raise ValueError(f"cannot resolve reward function {path!r}: {obj.__name__!r} has no {attribute!r}")
-            obj = getattr(obj, attribute)
-        return obj
-    raise ValueError(f"cannot resolve reward function {path!r}: no module {parts[0]!r}")
 
 
 def _instantiate(obj: Any, path: str, init_args: Mapping[str, Any] | None = None) -> Callable[..., Any]:
@@ -140,12 +117,12 @@ def resolve_reward(obj: Any) -> Callable[..., Sequence[Any]]:
             from lit_rlft.rewards.model import RewardModel
 
             return RewardModel(text)
-        return _instantiate(_import_longest_prefix(text), obj)
+        return _instantiate(import_object(text, "reward function"), obj)
     if isinstance(obj, Mapping):
         if "class_path" not in obj:
             raise ValueError(f"a reward given as a mapping needs a 'class_path' key, got keys {sorted(obj)}")
         path = str(obj["class_path"])
-        return _instantiate(_import_longest_prefix(path), path, obj.get("init_args"))
+        return _instantiate(import_object(path, "reward function"), path, obj.get("init_args"))
     if inspect.isclass(obj):
         return obj()
     if callable(obj):
@@ -180,7 +157,7 @@ class RewardRunner:
     Every (function, completion) pair is scored on its own (the function is called with one-element lists), so a
     completion that makes a function raise, run past ``timeout_s`` or return None / NaN / inf scores ``fallback``
     alone, is counted, and changes no other completion's score. With ``timeout_s`` set, the calls run in worker
-    processes (:class:`~lit_rlft.rewards.pool.WorkerPool`, started on first use and reused) and a call past the
+    processes (:class:`~lit_rlft.core.pool.WorkerPool`, started on first use and reused) and a call past the
     bound has its process killed and replaced: the bound is real, and nothing keeps running after it.
 
     Args:
@@ -240,7 +217,8 @@ class RewardRunner:
             for i in self.batched if getattr(self.funcs[i], "cacheable", False)}
         self.pool: WorkerPool | None = (
             None if timeout_s is None or not self.isolated
-            else WorkerPool([self.funcs[i] for i in self.isolated], timeout_s, num_workers, start_method)
+            else WorkerPool([self.funcs[i] for i in self.isolated], timeout_s, num_workers, start_method,
+                            call=score_job, name="lit-rlft-reward")
         )
         self._threads: ThreadPoolExecutor | None = None
         self.totals: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
@@ -308,11 +286,11 @@ class RewardRunner:
         states = np.random.SeedSequence([base, call]).generate_state(count, np.uint64)  # well mixed, [count]
         return [int(v) % 2**63 for v in states]
 
-    def _run(self, tasks: list[Task]) -> list[TaskResult]:
-        """Score rule-reward tasks (``task.func`` indexes :attr:`isolated`)."""
+    def _run(self, jobs: list[Job]) -> list[JobResult]:
+        """Score rule-reward jobs (``job.func`` indexes :attr:`isolated`)."""
         if self.pool is not None:
-            return self.pool.run(tasks)
-        return [score_task(self.funcs[self.isolated[task.func]], task) for task in tasks]
+            return self.pool.run(jobs)
+        return [score_job(self.funcs[self.isolated[job.func]], job) for job in jobs]
 
     def _start_batched(self, completions: list[str], columns: dict[str, Any],
                        group_size: int | None) -> dict[int, Future | list[Any]]:
@@ -352,13 +330,13 @@ class RewardRunner:
         rule_columns = {k: v for k, v in columns.items() if k != "completion_ids"}
         rows = split_rows(rule_columns, n)
         seeds = self._task_seeds(len(self.isolated) * n)
-        tasks = [Task(j, completions[i], rows[i], seeds[j * n + i]) for j in range(len(self.isolated))
-                 for i in range(n)]
+        jobs = [Job(j, completions[i], rows[i], seeds[j * n + i]) for j in range(len(self.isolated))
+                for i in range(n)]
         try:
-            outcomes = self._run(tasks) if tasks else []
+            outcomes = self._run(jobs) if jobs else []
         finally:
             batched = {f: r.result() if isinstance(r, Future) else r for f, r in started.items()}
-        per_func: dict[int, list[TaskResult]] = {f: outcomes[j * n:(j + 1) * n] for j, f in enumerate(self.isolated)}
+        per_func: dict[int, list[JobResult]] = {f: outcomes[j * n:(j + 1) * n] for j, f in enumerate(self.isolated)}
         for f, scores in batched.items():
             per_func[f] = [_as_result(s) for s in scores]
         result = RewardResult(total=torch.zeros(n, dtype=torch.float32))
@@ -405,7 +383,7 @@ class RewardRunner:
         """Stop the worker processes; idempotent (call it any number of times), and a later call starts them again.
 
         Not calling it leaks nothing: the workers are also stopped when the runner is garbage-collected, at
-        interpreter exit, and they die with this process however it ends (see :mod:`lit_rlft.rewards.pool`).
+        interpreter exit, and they die with this process however it ends (see :mod:`lit_rlft.core.pool`).
         """
         if self.pool is not None:
             self.pool.close()
@@ -424,6 +402,12 @@ class RewardRunner:
                 shard(mesh)
                 done.append(self.names[f])
         return done
+
+    @property
+    def scores_batches(self) -> bool:
+        """Whether a reward scores over the whole batch (a reward model, judge or remote scorer): the rollout worker
+        then also passes the completions' token ids and the group size."""
+        return bool(self.batched)
 
     @property
     def uses_global_rng(self) -> bool:
@@ -450,11 +434,11 @@ class RewardRunner:
         return f"RewardRunner([{funcs}], timeout_s={self.timeout_s}, {workers})"
 
 
-def _as_result(score: Any) -> TaskResult:
-    """A batched reward's score for one completion as a task result (a :class:`Failure` kept as the value)."""
+def _as_result(score: Any) -> JobResult:
+    """A batched reward's score for one completion as a job result (a :class:`Failure` kept as the value)."""
     if isinstance(score, Failure):
-        return TaskResult(ERROR, score)
-    return TaskResult(OK, score)
+        return JobResult(ERROR, score)
+    return JobResult(OK, score)
 
 
 def _is_rank_zero() -> bool:

@@ -7,7 +7,7 @@ exactly as a single-turn rollout makes it (``G`` samples per prompt, the call's 
 completions are the single-turn ones, token for token. Each later turn is one batched call over the episodes still
 going (one sample each, from ``prompt + episode so far``; engines that cache prefixes reuse them), seeded from
 ``(seed, turn)``. After every turn the environment's :meth:`~lit_rlft.envs.Environment.step` runs for every episode
-that turn extended, in worker processes that are killed and replaced on a timeout (:mod:`lit_rlft.rewards.pool`): a
+that turn extended, in worker processes that are killed and replaced on a timeout (:mod:`lit_rlft.core.pool`): a
 step that raises or hangs gives that episode an error message and the episode goes on; nothing else is affected.
 
 An episode ends when the environment says so, after ``max_turns`` turns, when its token budget is spent (``max_tokens``
@@ -36,27 +36,27 @@ from typing import Any
 import numpy as np
 import torch
 
+from lit_rlft.core.pool import ERROR, OK, TIMEOUT, Job, JobResult, WorkerPool
 from lit_rlft.envs.base import Environment, EnvStep, Message
 from lit_rlft.envs.formats import ObservationFormat
-from lit_rlft.rewards.pool import ERROR, OK, TIMEOUT, Task, TaskResult, WorkerPool
 from lit_rlft.rollout.base import GenerationOutput, RolloutEngine, SamplingConfig
 
-__all__ = ["EpisodeOutput", "EpisodeRunner", "step_task"]
+__all__ = ["EpisodeOutput", "EpisodeRunner", "step_job"]
 
 _MAX_ERROR = 300
 
 
-def step_task(env: Environment, task: Task) -> TaskResult:
-    """Run one environment step in a worker: ``env.step(task.row["messages"], task.row["row"])``, its prints
+def step_job(env: Environment, job: Job) -> JobResult:
+    """Run one environment step in a worker: ``env.step(job.row["messages"], job.row["row"])``, its prints
     discarded (a tool's output reaches the policy through its return value, bounded by the environment)."""
     try:
         with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-            out = env.step(task.row["messages"], task.row["row"])  # what it prints is no one's business
+            out = env.step(job.row["messages"], job.row["row"])  # what it prints is no one's business
     except Exception as exc:  # untrusted code on untrusted text: this episode alone hears of it
-        return TaskResult(ERROR, f"{type(exc).__name__}: {str(exc)[:_MAX_ERROR]}")
+        return JobResult(ERROR, f"{type(exc).__name__}: {str(exc)[:_MAX_ERROR]}")
     if not isinstance(out, EnvStep):
-        return TaskResult(ERROR, f"step returned {type(out).__name__}, expected an EnvStep")
-    return TaskResult(OK, out)
+        return JobResult(ERROR, f"step returned {type(out).__name__}, expected an EnvStep")
+    return JobResult(OK, out)
 
 
 @dataclass
@@ -132,7 +132,7 @@ class EpisodeRunner:
             raise ValueError(f"model.episodes.max_tokens must be >= 1, got {max_tokens}")
         self.env, self.tokenizer, self.fmt = env, tokenizer, fmt
         self.max_turns, self.max_tokens, self.timeout_s = max_turns, max_tokens, timeout_s
-        self.pool = WorkerPool([env], timeout_s, num_workers, call=step_task, name="lit-rlft-env")
+        self.pool = WorkerPool([env], timeout_s, num_workers, call=step_job, name="lit-rlft-env")
 
     def close(self) -> None:
         self.pool.close()
@@ -190,9 +190,9 @@ class EpisodeRunner:
 
     def _environment(self, episodes: list[_Episode], going: list[int], row_of: list[dict[str, Any]], turn: int,
                      budget: int, counts: dict[str, int]) -> None:
-        tasks = [Task(0, episodes[e].messages[-1]["content"],
-                      {"messages": [dict(m) for m in episodes[e].messages], "row": row_of[e]}) for e in going]
-        results = self.pool.run(tasks)
+        jobs = [Job(0, episodes[e].messages[-1]["content"],
+                    {"messages": [dict(m) for m in episodes[e].messages], "row": row_of[e]}) for e in going]
+        results = self.pool.run(jobs)
         for e, res in zip(going, results):
             ep = episodes[e]
             step = self._as_step(res, counts)
@@ -215,7 +215,7 @@ class EpisodeRunner:
             ep.logprobs += [0.0] * len(obs)
             ep.messages += [dict(m) for m in step.observation]
 
-    def _as_step(self, res: TaskResult, counts: dict[str, int]) -> EnvStep:
+    def _as_step(self, res: JobResult, counts: dict[str, int]) -> EnvStep:
         """The environment's answer, or an error message for the policy when the step failed."""
         if res.outcome == OK:
             return res.value

@@ -1,9 +1,11 @@
-"""The rollout worker: prompt ids in, scored :class:`~lit_rlft.core.types.Rollouts` out. No Lightning, no collectives.
+"""The rollout worker: a rendered request in, scored :class:`~lit_rlft.core.types.Rollouts` out. No Lightning, no
+collectives.
 
-It owns the two things a rollout needs besides data: the engine (chosen in YAML, HF by default) and the reward
-functions. The prompt source (the datamodule) resolves ids to tokens, texts and reward columns. What the worker
-returns carries everything the step needs downstream as fields: generation time, per-function rewards and the
-engine's own log-probs.
+It owns the two things a rollout needs besides data: the engine (chosen in YAML, HF by default) and the scorer. A
+:class:`~lit_rlft.rollout.source.RolloutRequest` carries the prompts already rendered (token ids, texts, reward
+columns: :meth:`RolloutRequest.render <lit_rlft.rollout.source.RolloutRequest.render>` reads them from a prompt
+source such as the datamodule). What the worker returns carries everything the step needs downstream as fields:
+generation time, per-function rewards, the engine's own log-probs, and the episodes' sums.
 
 Notation: ``B`` prompts, ``G`` completions per prompt, ``N = B * G``, ``P`` prompt length, ``L`` completion length.
 """
@@ -13,14 +15,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
 from lit_rlft.core.types import Rollouts, left_pad
+from lit_rlft.rewards.scorer import Scorer, as_scorer
 from lit_rlft.rollout.base import GenerationOutput, RolloutEngine, SamplingConfig
 from lit_rlft.rollout.episodes import EpisodeRunner
+from lit_rlft.rollout.source import RolloutReply, RolloutRequest
 
 Split = Literal["train", "val"]
 
@@ -31,22 +35,13 @@ Split = Literal["train", "val"]
 GENERATION_FAILED_ATTR = "lit_rlft_during_generation"
 
 
-class PromptSource(Protocol):
-    """What the worker reads prompts from (``PromptDataModule`` is one)."""
-
-    def prompt_tokens(self, ids: np.ndarray, split: Split = "train") -> list[list[int]]: ...
-
-    def prompt_texts(self, ids: np.ndarray, split: Split = "train") -> list[str]: ...
-
-    def reward_columns(self, ids: np.ndarray, split: Split = "train") -> dict[str, list[Any]]: ...
-
-
 class RolloutWorker:
     """Generate ``G`` completions per prompt with an engine and score them with the reward functions.
 
     Args:
         engine: a :class:`~lit_rlft.rollout.base.RolloutEngine` already ``setup`` with the policy.
-        rewards: ``(completions [N], columns) -> RewardResult`` (a :class:`~lit_rlft.rewards.runner.RewardRunner`).
+        rewards: the :class:`~lit_rlft.rewards.scorer.Scorer` (a :class:`~lit_rlft.rewards.runner.RewardRunner`), or a
+            plain ``(completions [N], columns) -> RewardResult`` callable (wrapped by ``as_scorer``).
         tokenizer: decodes completions for the reward functions.
         success_threshold: a completion is correct when its total reward is at least this.
         score_chunks: generate each call's prompts in this many chunks of whole groups, and score each chunk (in a
@@ -58,7 +53,7 @@ class RolloutWorker:
             and ``tool_failures``; observation tokens are left out of the loss (``Rollouts.policy_mask``).
     """
 
-    def __init__(self, engine: RolloutEngine, rewards: Callable[..., Any], tokenizer: Any,
+    def __init__(self, engine: RolloutEngine, rewards: Scorer | Callable[..., Any], tokenizer: Any,
                  success_threshold: float = 1.0, score_chunks: int = 1, episodes: EpisodeRunner | None = None):
         if score_chunks < 1:
             raise ValueError(f"model.generation.score_chunks must be >= 1, got {score_chunks}")
@@ -67,39 +62,39 @@ class RolloutWorker:
                              "(model.environment): set it to 1")
         self.episodes = episodes
         self.engine = engine
-        self.rewards = rewards
+        self.rewards = rewards  # through the setter: a plain callable becomes a Scorer
         self.tokenizer = tokenizer
         self.success_threshold = success_threshold
         self.score_chunks = score_chunks
         self._scoring: ThreadPoolExecutor | None = None
+
+    @property
+    def rewards(self) -> Scorer:
+        """The scorer."""
+        return self._rewards
+
+    @rewards.setter
+    def rewards(self, scorer: Scorer | Callable[..., Any]) -> None:
+        self._rewards = as_scorer(scorer)
 
     @staticmethod
     def failed_in_generation(exc: BaseException) -> bool:
         """Whether ``exc`` was raised by the engine's ``generate`` in :meth:`rollout` (rather than by scoring)."""
         return bool(getattr(exc, GENERATION_FAILED_ATTR, False))
 
-    def rollout(
-        self,
-        source: PromptSource,
-        prompt_ids: np.ndarray,
-        num_generations: int,
-        sampling: SamplingConfig,
-        step: int,
-        split: Split = "train",
-        seed: int | None = None,
-    ) -> tuple[Rollouts, Any]:
-        """Roll out the prompts ``prompt_ids`` ``[B]`` of ``split`` and score every completion (``seed``: the engine
-        call's seed, see :meth:`RolloutEngine.generate`).
+    def rollout(self, request: RolloutRequest) -> RolloutReply:
+        """Roll out ``request``'s ``B`` prompts, ``G`` completions each, and score every completion (``request.seed``:
+        the engine call's seed, see :meth:`RolloutEngine.generate`; the rows' ``birth_step`` is ``request.version``).
 
-        Returns the :class:`Rollouts` and the scorer's result (a :class:`~lit_rlft.rewards.runner.RewardResult`,
-        whose failure counts the step gathers). An exception raised by the engine's ``generate`` propagates as it
-        is, marked (:meth:`failed_in_generation` is True for it)."""
-        G = num_generations
-        ids = np.asarray(prompt_ids, dtype=np.int64)
-        prompts = source.prompt_tokens(ids, split)
-        raw_columns = source.reward_columns(ids, split)
+        Returns the :class:`Rollouts`, the scorer's :class:`~lit_rlft.rewards.runner.RewardResult` (whose failure
+        counts the step gathers) and, for episodes, their sums. An exception raised by the engine's ``generate``
+        propagates as it is, marked (:meth:`failed_in_generation` is True for it)."""
+        G, seed, sampling = request.num_generations, request.seed, request.sampling
+        ids = np.asarray(request.prompt_ids, dtype=np.int64)
+        prompts = request.prompt_tokens
+        raw_columns = request.columns
         columns = {k: [v for v in vals for _ in range(G)] for k, vals in raw_columns.items()}
-        episode_stats = None
+        episode_stats: dict[str, float] = {}
         if self.episodes is not None:
             rows = [{k: vals[b] for k, vals in raw_columns.items()} for b in range(len(ids))]
             t0 = time.perf_counter()
@@ -131,21 +126,19 @@ class RolloutWorker:
             completion_mask=out.completion_mask,  # [N, L]
             rewards=rewards,
             correct=rewards >= self.success_threshold,
-            birth_step=torch.full((len(ids),), step, dtype=torch.long),
+            birth_step=torch.full((len(ids),), request.version, dtype=torch.long),
             is_replay=torch.zeros(len(ids), dtype=torch.bool),
             truncated=torch.tensor([r == "length" for r in out.finish_reasons]),
             engine_logprobs=out.logprobs,
             reward_per_func={k: v.float().view(len(ids), G) for k, v in scored.per_func.items()},
             completions=texts,
-            prompts=source.prompt_texts(ids, split),
+            prompts=list(request.prompt_texts),
             pad_id=self.tokenizer.pad_token_id,
             generation_s=seconds,
             policy_mask=None if out.policy_mask is None or torch.equal(out.policy_mask, out.completion_mask)
             else out.policy_mask,
         )
-        if episode_stats is not None:
-            scored.episodes = episode_stats
-        return rollouts, scored
+        return RolloutReply(rollouts, scored, episode_stats)
 
     def _generate(self, prompts: list[list[int]], G: int, sampling: SamplingConfig, seed: int | None) -> Any:
         try:
@@ -161,7 +154,7 @@ class RolloutWorker:
         # tokens of each completion, for length-aware rewards (DAPO's soft overlong punishment)
         policy = out.completion_mask if out.policy_mask is None else out.policy_mask
         columns.setdefault("completion_length", policy.sum(-1).tolist())  # the policy's tokens
-        if getattr(self.rewards, "batched", None):  # reward models, judges, remote scorers: token ids, whole groups
+        if self.rewards.scores_batches:  # reward models, judges, remote scorers: token ids, whole groups
             lengths = out.completion_mask.sum(-1).tolist()
             columns["completion_ids"] = [row[:n] for row, n in zip(out.completion_ids.tolist(), lengths)]
             return texts, self.rewards(texts, columns, group_size=G)
@@ -171,10 +164,10 @@ class RolloutWorker:
                  seed: int | None) -> tuple[Any, list[str], Any, float]:
         """Generate in ``score_chunks`` chunks of whole groups; each chunk is scored in a thread while the next one
         generates. Returns the joined output, texts, scores and the seconds spent generating."""
-        if getattr(self.engine, "synced", False):
+        if self.engine.synced:
             raise ValueError("model.generation.score_chunks > 1 needs an unsharded policy: under FSDP every rank "
                              "must make the same generate calls (set it to 1)")
-        if getattr(self.rewards, "uses_global_rng", False):
+        if self.rewards.uses_global_rng:
             raise ValueError("model.generation.score_chunks > 1 cannot score with a reward that samples from torch's "
                              "global generator (an EngineJudge) while the policy generates: set it to 1")
         if self._scoring is None:

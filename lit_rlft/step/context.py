@@ -24,14 +24,17 @@ if TYPE_CHECKING:
     from lit_rlft.data.pool import PromptPool
     from lit_rlft.step.budget import RolloutBudget
 
-__all__ = ["PromptData", "RolloutHook", "StepContext", "StepOutput", "StopCondition"]
+__all__ = ["PromptData", "RolloutHook", "StepContext", "StepOutput", "StopCondition", "planned_generations"]
 
 
 class PromptData(Protocol):
-    """The prompt source of a step (``PromptDataModule`` is one): the batch plan, the pools, and rendering."""
+    """The prompt data a step binds (``PromptDataModule`` is one): the batch plan, the pools, and rendering."""
 
-    plan: BatchPlan
-    train_pool: PromptPool
+    plan: BatchPlan | None
+    """Which prompts the next training step rolls out (None until the training pool is set up)."""
+    train_pool: PromptPool | None
+    val_pool: PromptPool | None
+    """The held-out pool (None: no validation)."""
     batch_size: int
 
     def prompt_tokens(self, ids: np.ndarray, split: str = "train") -> list[list[int]]: ...
@@ -39,6 +42,14 @@ class PromptData(Protocol):
     def prompt_texts(self, ids: np.ndarray, split: str = "train") -> list[str]: ...
 
     def reward_columns(self, ids: np.ndarray, split: str = "train") -> dict[str, list[Any]]: ...
+
+    def set_tokenizer(self, tokenizer: Any) -> None:
+        """Render prompts with the policy's tokenizer (and its chat template)."""
+        ...
+
+    def set_tools(self, schemas: list[dict[str, Any]]) -> None:
+        """Describe these tools (JSON schemas) in chat-template prompts."""
+        ...
 
 
 @runtime_checkable
@@ -159,6 +170,21 @@ class RolloutHook(Protocol):
                     record: OutcomeRecord) -> tuple[Rollouts, OutcomeRecord]: ...
 
 
+def planned_generations(hooks: Sequence[RolloutHook], num_generations: int) -> int:
+    """Completions per prompt of a step's planned batch: ``num_generations`` (``G``), or the ``initial_generations``
+    that one of ``hooks`` declares (it must be the first hook: it completes the planned batch's groups)."""
+    hooks = list(hooks)
+    declared = [(i, type(h).__name__, h.initial_generations) for i, h in enumerate(hooks)
+                if getattr(h, "initial_generations", None) is not None]
+    if len(declared) > 1:
+        raise ValueError(f"{' and '.join(name for _, name, _ in declared)} both set how many completions the "
+                         "planned batch gets (initial_generations): bind at most one of them")
+    if declared and declared[0][0] != 0:
+        raise ValueError(f"{declared[0][1]} must be the first rollout hook (it completes the planned batch's "
+                         f"groups; {type(hooks[0]).__name__} comes before it): list it before the others")
+    return declared[0][2] if declared else num_generations
+
+
 @runtime_checkable
 class StopCondition(Protocol):
     """A callback that ends training when a condition holds (``RolloutBudgetStop``: the budget is spent).
@@ -178,10 +204,11 @@ class StepOutput:
     """What one rollout step returns; the callbacks' ``after_step`` receives it (under the Trainer,
     ``on_train_batch_end``'s ``outputs`` holds its fields as a dict: ``outputs["rollouts"]``)."""
 
+
     step: int
     """The rollout step that ran (0-based)."""
     rollouts: Rollouts
-    """This rank's trained rollouts (fresh and replayed); every row's ``behaviour_logprobs`` set by the update."""
+    """This rank's trained rollouts (fresh and replayed), with every row's ``behaviour_logprobs`` (the update's)."""
     record: OutcomeRecord
     """Every rank's outcomes: the global batch and every group rolled out but not trained on."""
     metrics: dict[str, float] = field(default_factory=dict)

@@ -5,14 +5,20 @@
   across ranks when computed (the padding rows of an uneven split are never counted).
 - :func:`rollout_metrics`: the TRL-named statistics of a training batch, from the gathered record (rewards, success)
   and this rank's rollouts (lengths, reduced across ranks).
+- :func:`step_metrics`: every scalar a step logs (those, the loss's, the budget, reward failures, episodes, times),
+  and :class:`NoSignalWarning`, said when a batch carries no learning signal.
 
 Notation: ``b`` prompts on this rank, ``k`` samples per prompt, ``G`` completions per group.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import math
+import time
+import warnings
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
@@ -20,6 +26,10 @@ from torchmetrics import MeanMetric
 from lit_rlft.core.advantages import effective_ratio, keep_mask, masked_std
 from lit_rlft.core.distributed import Collective
 from lit_rlft.core.types import OutcomeRecord, Rollouts
+from lit_rlft.step.rewards_report import episode_metrics
+
+if TYPE_CHECKING:
+    from lit_rlft.step.sharded import ShardedRollouts
 
 
 class ValidationMetrics(nn.Module):
@@ -123,3 +133,50 @@ def rollout_metrics(rollouts: Rollouts, trained: OutcomeRecord, collective: Coll
         "batch/replayed_groups": float(trained.is_replay.sum()),
     }
 
+
+
+def step_metrics(rollouts: Rollouts, record: OutcomeRecord, trained: OutcomeRecord, loss_metrics: dict[str, float],
+                 sharded: ShardedRollouts, sync_s: float, seconds: float) -> dict[str, float]:
+    """The scalars of one step: :func:`rollout_metrics` of the ``trained`` batch, the loss's statistics (reduced over
+    ranks), the budget, each reward function's mean over the fresh groups of ``record`` and the failure totals, the
+    episodes' means, the generation / weight-sync / step times, and ``batch/no_signal``."""
+    coll = sharded.collective
+    metrics = rollout_metrics(rollouts, trained, coll)
+    metrics.update(coll.reduce_metrics(loss_metrics))
+    metrics.update(sharded.budget.metrics())
+    fresh = record.fresh()
+    metrics.update({f"rewards/{k}/mean": float(np.nanmean(v.numpy())) for k, v in fresh.reward_per_func.items()
+                    if v.numel() and not bool(torch.isnan(v).all())})
+    metrics.update({f"rewards/{k}": float(v) for k, v in sharded.reward_failures.totals.items()})
+    metrics.update(episode_metrics(sharded.costs.episodes))
+    metrics["time/generation_s"] = sharded.costs.generation_s
+    metrics["time/weight_sync_s"] = sync_s
+    if sharded.source.last_push_bytes is not None:  # sources with weights of their own (vLLM)
+        metrics["perf/weight_sync_mib"] = sharded.source.last_push_bytes / 2**20
+    metrics["time/step_s"] = seconds
+    metrics["time/generation_share"] = sharded.costs.generation_s / max(seconds, 1e-9)
+    if coll.is_distributed:
+        metrics["dist/world_size"] = float(coll.world_size)
+    metrics["batch/no_signal"] = float(metrics["frac_reward_zero_std"] == 1.0)
+    return metrics
+
+
+class NoSignalWarning:
+    """Says (rank 0, at most once per ``interval_s``) that a batch had no group with reward variance."""
+
+    def __init__(self, interval_s: float = 60.0):
+        self.interval_s = interval_s
+        self._last = -math.inf
+
+    def __call__(self, trained: OutcomeRecord, step: int, rank: int) -> None:
+        now = time.monotonic()
+        if rank != 0 or now - self._last < self.interval_s:
+            return
+        self._last = now
+        rates = trained.success_rates.numpy()
+        warnings.warn(
+            f"step {step}: no group of the {len(rates)} trained has reward variance "
+            f"({int((rates >= 1).sum())} all solved, {int((rates <= 0).sum())} all unsolved): the batch carries no "
+            "learning signal (every advantage is 0). Logged as batch/no_signal; if it persists, the data are too "
+            "easy or too hard for the policy, or the reward never fires (check rewards/<name>/mean).",
+            UserWarning, stacklevel=3)

@@ -12,27 +12,21 @@ from __future__ import annotations
 import time
 import warnings
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lit_rlft.rewards.runner import RewardResult
 
 __all__ = ["RewardFailureLog", "episode_metrics", "episode_sums", "failure_counts"]
 
 KINDS = {"num_errors": "raised", "num_timeouts": "timed out", "num_unscored": "gave no finite score"}
 
 
-def failure_counts(result: Any) -> dict[str, Any]:
+def failure_counts(result: RewardResult) -> dict[str, Any]:
     """What one rank sends about one scoring call: ``{"num_calls": 1, "functions": {name: {kind: n}},
-    "examples": {name: text}}`` (from a :class:`~lit_rlft.rewards.runner.RewardResult`; a scorer that reports no
-    per-function breakdown is counted under ``"rewards"``)."""
-    per_func = getattr(result, "failures", None)
-    if per_func is None:
-        per_func = {"rewards": {k: int(getattr(result, k, 0)) for k in KINDS}}
-    functions = {name: {k: int(v) for k, v in counts.items() if v} for name, counts in per_func.items()}
-    out = {"num_calls": 1, "functions": {n: c for n, c in functions.items() if c},
-           "examples": dict(getattr(result, "examples", {}) or {})}
-    episodes = getattr(result, "episodes", None)  # multi-turn rollouts: sums over the call's episodes
-    if episodes:
-        out["episodes"] = dict(episodes)
-    return out
+    "examples": {name: text}}`` (from a :class:`~lit_rlft.rewards.runner.RewardResult`)."""
+    functions = {name: {k: int(v) for k, v in counts.items() if v} for name, counts in result.failures.items()}
+    return {"num_calls": 1, "functions": {n: c for n, c in functions.items() if c}, "examples": dict(result.examples)}
 
 
 class RewardFailureLog:

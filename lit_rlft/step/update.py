@@ -43,8 +43,8 @@ from lit_rlft.core.types import Rollouts
 from lit_rlft.step.batching import padding_share, sequence_logprobs, token_budget_micro_batches
 from lit_rlft.step.config import OptimConfig
 
-__all__ = ["NonFiniteUpdateError", "PolicyUpdater", "TorchBackend", "UpdateBackend", "clip_grad_norm",
-           "sequence_logprobs"]
+__all__ = ["NonFiniteUpdateError", "PolicyUpdater", "TorchBackend", "UpdateBackend", "UpdateOutput", "clip_grad_norm",
+           "reference_logprobs", "sequence_logprobs"]
 
 RefLogprobs = Callable[[Rollouts, Tensor], "Tensor | None"]
 """``(rollouts, rows [n]) -> [n, L]`` reference log-probs (or None without a KL penalty)."""
@@ -52,6 +52,18 @@ RefLogprobs = Callable[[Rollouts, Tensor], "Tensor | None"]
 
 class NonFiniteUpdateError(RuntimeError):
     """Too many consecutive optimizer steps had a non-finite loss or gradient; training stops."""
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateOutput:
+    """What :meth:`PolicyUpdater.update` produces."""
+
+    metrics: dict[str, float]
+    """This rank's mean statistics of the update (loss, clip ratios, entropy, grad norm, learning rate...)."""
+    behaviour_logprobs: Tensor
+    """``[N, L]`` float32 on the CPU: mu of every row of the rollouts trained on (the rule:
+    :class:`~lit_rlft.core.types.Rollouts`): replayed rows' as they came, fresh rows' completed by the update (the
+    engine's sampling log-probs, or pi_old). The step puts it on the rollouts it returns; the replay buffer stores it."""
 
 
 class UpdateBackend(Protocol):
@@ -184,13 +196,13 @@ class PolicyUpdater:
     def update(
         self, rollouts: Rollouts, advantages: Tensor, backend: UpdateBackend,
         collective: Collective | None = None, ref_logprobs: RefLogprobs | None = None,
-    ) -> dict[str, float]:
-        """Train on this rank's ``N`` rows with ``advantages`` ``[N]``; return this rank's mean statistics.
+    ) -> UpdateOutput:
+        """Train on this rank's ``N`` rows with ``advantages`` ``[N]``; this rank's mean statistics and every row's mu.
 
         pi_old is the policy before this update: with one optimizer step per batch it equals the current policy, so
-        its log-probs come from the same forward pass; otherwise a no-grad pass computes them first. The update is
-        the one writer of ``rollouts.behaviour_logprobs`` (the rule: :class:`~lit_rlft.core.types.Rollouts`): it
-        completes the fresh rows' mu, which the replay buffer stores.
+        its log-probs come from the same forward pass; otherwise a no-grad pass computes them first. The update
+        completes the fresh rows' mu (``UpdateOutput.behaviour_logprobs``, a new tensor: ``rollouts`` is not
+        written), which the replay buffer stores.
         """
         collective = collective or LocalCollective()
         world = collective.world_size
@@ -200,6 +212,8 @@ class PolicyUpdater:
             ref_all = self._every_row(ref_logprobs, rollouts, collective)
             ref_logprobs = None if ref_all is None else (lambda _rollouts, rows: ref_all[rows.to(ref_all.device)])
         stats: dict[str, list[float | Tensor]] = defaultdict(list)  # tensors stay on the device until the end
+        mu = torch.zeros(rollouts.completion_tokens.shape, dtype=torch.float32) if rollouts.behaviour_logprobs is None \
+            else rollouts.behaviour_logprobs.clone()  # [N, L]: replayed rows' as they came, fresh rows' filled in
         for _ in range(self.num_iterations):
             mini_batches = self.split(rollouts, self.mini_batches(rollouts), collective)
             local = [[self.weight(rollouts, rows) for rows in micro] for micro in mini_batches]
@@ -207,7 +221,7 @@ class PolicyUpdater:
             totals = sums if world == 1 else _sum_lists(collective.all_gather(sums))  # global weight per mini-batch
             for micro, weights, total in zip(mini_batches, local, totals):
                 self._optimizer_step(rollouts, micro, weights, total or 1.0,
-                                     advantages, old, backend, collective, ref_logprobs, stats)
+                                     advantages, old, backend, collective, ref_logprobs, stats, mu)
             stats["perf/padding_share"].append(padding_share(rollouts, [r for m in mini_batches for r in m if len(r)],
                                                              self.padding_free, self.micro_batch_tokens is not None))
         skipped = len(stats.pop("nonfinite_skips", []))
@@ -217,11 +231,11 @@ class PolicyUpdater:
         metrics["learning_rate"] = backend.learning_rate()
         if self.entropy_control.enabled:
             metrics["entropy_coef"] = self.entropy_control.apply_coef()
-        return metrics
+        return UpdateOutput(metrics, mu)
 
     def _optimizer_step(self, rollouts: Rollouts, micro: list[Tensor], weights: list[float], total: float,
                         advantages: Tensor, old: Tensor | None, backend: UpdateBackend, collective: Collective,
-                        ref_logprobs: RefLogprobs | None, stats: dict[str, list[float | Tensor]]) -> None:
+                        ref_logprobs: RefLogprobs | None, stats: dict[str, list[float | Tensor]], mu: Tensor) -> None:
         """One mini-batch: its micro-batches' backward passes (gradient sync on the last), clipping, one step.
 
         The micro-batches' statistics stay on the device (``stats``; :func:`_to_host` reads them back once per
@@ -234,12 +248,12 @@ class PolicyUpdater:
             with nullcontext() if i == len(micro) - 1 else backend.no_sync():
                 if len(rows) == 0:  # fewer rows here than on another rank: a pass that adds nothing (collectives)
                     out, _ = self._loss(rollouts, rollouts.member_rows()[:1], advantages, old, backend, ref_logprobs,
-                                        threshold, 0.0 if bonus_tokens is not None else None, record=False)
+                                        threshold, 0.0 if bonus_tokens is not None else None)
                     backend.backward(out.loss * 0.0)
                     continue
                 normaliser = bonus_tokens * w / total if bonus_tokens is not None else None
                 out, entropy = self._loss(rollouts, rows, advantages, old, backend, ref_logprobs, threshold,
-                                          normaliser)
+                                          normaliser, mu)
                 backend.backward(out.loss * (w / total * world))
             for k, v in out.metrics.items():
                 stats[k].append(v.detach() if isinstance(v, Tensor) else float(v))
@@ -327,7 +341,9 @@ class PolicyUpdater:
 
     def _loss(self, rollouts: Rollouts, rows: Tensor, advantages: Tensor, old: Tensor | None,
               backend: UpdateBackend, ref_logprobs: RefLogprobs | None, threshold: float | None,
-              normaliser: float | None, record: bool = True) -> tuple[LossOutput, Tensor]:
+              normaliser: float | None, mu: Tensor | None = None) -> tuple[LossOutput, Tensor]:
+        """The loss of ``rows`` ``[n]`` and their mean entropy; the fresh rows' mu written into ``mu`` ``[N, L]`` (None:
+        a dummy pass that records nothing)."""
         device = backend.device
         loss_fn = self.loss_fn
         logprobs, entropy = self.logprobs(backend, rollouts, rows, with_entropy=True,
@@ -345,8 +361,9 @@ class PolicyUpdater:
                 if rollouts.behaviour_logprobs is None:
                     raise RuntimeError("replayed groups need behaviour_logprobs (the mu stored when they were fresh)")
                 behaviour = torch.where(replay_rows[:, None], rollouts.behaviour_logprobs[rows].to(device), fresh_mu)
-        if record:
-            _record_behaviour(rollouts, rows, replay_host, fresh_mu)
+        if mu is not None:
+            fresh = rows[~replay_host]
+            mu[fresh] = fresh_mu.detach()[~replay_rows].float().cpu()
         ref = ref_logprobs(rollouts, rows) if ref_logprobs is not None else None
         extra: dict[str, object] = {}
         if loss_fn.mask_truncated_completions:
@@ -370,13 +387,22 @@ class PolicyUpdater:
         self.entropy_control.load_state_dict(state)
 
 
-def _record_behaviour(rollouts: Rollouts, rows: Tensor, replay_rows: Tensor, fresh_mu: Tensor) -> None:
-    """Write mu of the fresh rows among ``rows`` ``[n]`` into ``rollouts.behaviour_logprobs`` ``[N, L]`` (replayed
-    rows keep the mu they were stored with)."""
-    if rollouts.behaviour_logprobs is None:
-        rollouts.behaviour_logprobs = torch.zeros(rollouts.completion_tokens.shape, dtype=torch.float32)
-    fresh = rows[~replay_rows]
-    rollouts.behaviour_logprobs[fresh] = fresh_mu.detach()[~replay_rows.to(fresh_mu.device)].float().cpu()
+def reference_logprobs(updater: PolicyUpdater, reference: nn.Module | None, policy: nn.Module,
+                       device: torch.device) -> RefLogprobs | None:
+    """The KL term's reference log-probs as :meth:`PolicyUpdater.update` asks for them, ``(rollouts, rows [n]) ->
+    [n, L]``, passed as the training passes are: under the frozen copy ``reference``, or (LoRA) under ``policy`` with
+    its adapters disabled; None without a KL term (``beta == 0``)."""
+    if updater.loss_fn.beta == 0:
+        return None
+
+    @torch.no_grad()
+    def logprobs(rollouts: Rollouts, rows: Tensor) -> Tensor:
+        if reference is not None:
+            return updater.model_logprobs(reference, rollouts, rows, device)[0]
+        with policy.disable_adapter():
+            return updater.model_logprobs(policy, rollouts, rows, device)[0]
+
+    return logprobs
 
 
 def _to_host(stats: dict[str, list[float | Tensor]]) -> dict[str, list[float]]:

@@ -13,16 +13,22 @@ from tests.step.test_async import _loop, _step
 
 
 def _spy(step):
-    """Record every rollout call of ``step``: (ids, completions per prompt, this rank's rollouts)."""
+    """Record every rollout call of ``step`` (its planned batch and every call a hook makes): (ids, completions per
+    prompt, this rank's rollouts)."""
     calls = []
-    rollout = step.rollout
+    rollout, next_batch = step.rollout, step.rollouts.next_batch
 
     def spied(prompt_ids, *args, **kwargs):
         local, record = rollout(prompt_ids, *args, **kwargs)
         calls.append((np.asarray(prompt_ids).tolist(), local.group_size, local))
         return local, record
 
-    step.rollout = spied
+    def spied_batch(*args, **kwargs):  # one rank: the planned batch's ids are its rollouts' ids
+        local, record = next_batch(*args, **kwargs)
+        calls.append((local.prompt_ids.tolist(), local.group_size, local))
+        return local, record
+
+    step.rollout, step.rollouts.next_batch = spied, spied_batch
     return calls
 
 

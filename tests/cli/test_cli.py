@@ -110,7 +110,7 @@ def test_the_engine_is_chosen_in_yaml(tmp_path):
 
     cli = grpo_cli(["--config", str(_config(tmp_path)), "--model.engine", "lit_rlft.rollout.HFEngine",
                     "--model.engine.max_batch_size", "3"], run=False)
-    assert isinstance(cli.model.grpo.engine, HFEngine) and cli.model.grpo.engine.max_batch_size == 3
+    assert isinstance(cli.model.grpo.source.engine, HFEngine) and cli.model.grpo.source.engine.max_batch_size == 3
 
 
 # -- the whole surface -------------------------------------------------------------------------------------------

@@ -80,7 +80,7 @@ class Probe(StepCallback):
     def finish(self, step) -> None:
         params = _full_params(step.policy)
         result = {"steps": self.steps, "params": digest(params), "rollout_step": step.rollout_step,
-                  "budget": step.budget.state_dict(), "reward_totals": step.reward_failures.totals,
+                  "budget": step.budget.state_dict(), "reward_totals": step.rollouts.reward_failures.totals,
                   "sharded_rewards": [type(f).__name__ for f in getattr(step.rewards, "funcs", [])
                                       if getattr(f, "sharded", False)],
                   "reward_forwards": [getattr(f, "num_forwards", 0) + getattr(f, "num_padding_forwards", 0)

@@ -72,8 +72,8 @@ def test_training_logprobs_match_sampling_logprobs():
     dm.set_tokenizer(module.tokenizer)
     ids = np.arange(4)
     prompts = dm.prompt_tokens(ids)
-    module.grpo.engine.return_logprobs = True
-    out = module.grpo.engine.generate(prompts, 3, module.grpo.generation.sampling)
+    module.grpo.source.engine.return_logprobs = True
+    out = module.grpo.source.engine.generate(prompts, 3, module.grpo.generation.sampling)
     from lit_rlft.core.types import Rollouts
 
     G = 3

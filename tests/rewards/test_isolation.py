@@ -1,4 +1,5 @@
-"""Per-completion isolation and the real time bound of RewardRunner / WorkerPool (processes that are killed)."""
+"""Per-completion isolation and the real time bound of RewardRunner (processes that are killed; the pool's own
+mechanics are tested in tests/core/test_pool.py)."""
 
 import copy
 import os
@@ -10,7 +11,6 @@ import pytest
 import torch
 
 from lit_rlft.rewards import RewardRunner
-from lit_rlft.rewards.pool import ERROR, OK, TIMEOUT, Task, WorkerPool
 
 
 def _alive(pid: int) -> bool:
@@ -127,23 +127,6 @@ def test_pool_survives_copy_and_reuses_workers() -> None:
     assert not any(_alive(pid) for pid in pids)
 
 
-def test_pool_results_in_task_order_across_chunks() -> None:
-    pool = WorkerPool([hostile_length], timeout_s=5.0, num_workers=2)
-    texts = ["x" * (i % 7) for i in range(300)] + ["raise"]
-    results = pool.run([Task(0, t, {}) for t in texts])
-    assert [r.value for r in results[:-1]] == [float(len(t)) for t in texts[:-1]]
-    assert results[-1].outcome == ERROR and "hostile" in results[-1].value
-    assert {r.outcome for r in results[:-1]} == {OK}
-    pool.close()
-
-
-def test_pool_timeout_outcome() -> None:
-    pool = WorkerPool([hostile_length], timeout_s=0.5, num_workers=1)
-    results = pool.run([Task(0, "hang", {}), Task(0, "ab", {})])
-    assert [r.outcome for r in results] == [TIMEOUT, OK] and results[1].value == 2.0
-    pool.close()
-
-
 def coin(completions: list[str], **kwargs: object) -> list[float]:
     return [float(torch.rand(()))]
 
@@ -165,35 +148,3 @@ def test_a_sampling_reward_is_reproducible_from_the_callers_seed() -> None:
     assert not torch.equal(first[0], first[1])  # a later call in the same step draws other numbers
     assert len(set(first[0].tolist())) == 3
     runner.close()
-
-
-def coin_or_hang(completions: list[str], **kwargs: object) -> list[float]:
-    """A seeded coin, except "hang" hangs in C code."""
-    hostile_length(completions)
-    return [float(torch.rand(()))]
-
-
-def test_tasks_finished_but_unsent_when_a_worker_is_killed_run_again_alike() -> None:
-    """A worker answers a chunk at its end: the tasks it finished before a hang in the same chunk are lost with it
-    and run again in its replacement, seeded alike, so every score equals a run without the hang."""
-    texts = [f"t{i}" for i in range(12)]  # one worker, 12 tasks: chunks of 3
-    seeds = list(range(100, 112))
-    pool = WorkerPool([coin_or_hang], timeout_s=1.0, num_workers=1)
-    clean = pool.run([Task(0, t, {}, s) for t, s in zip(texts, seeds)])
-    hostile = list(texts)
-    hostile[5] = "hang"  # the last task of the second chunk: its two first tasks finished, unsent
-    results = pool.run([Task(0, t, {}, s) for t, s in zip(hostile, seeds)])
-    assert [r.outcome for r in results] == [OK] * 5 + [TIMEOUT] + [OK] * 6
-    assert [r.value for i, r in enumerate(results) if i != 5] == [r.value for i, r in enumerate(clean) if i != 5]
-    assert pool.restarts == 1
-    pool.close()
-
-
-def test_a_worker_dying_after_finished_tasks_blames_only_the_task_it_was_running() -> None:
-    pool = WorkerPool([hostile_length], timeout_s=5.0, num_workers=1)
-    texts = ["a" * (i + 1) for i in range(12)]
-    texts[4] = "die"  # second chunk of 3: one task finished before it, one after
-    results = pool.run([Task(0, t, {}) for t in texts])
-    assert results[4].outcome == ERROR and "died" in results[4].value
-    assert [r.value for i, r in enumerate(results) if i != 4] == [float(len(t)) for i, t in enumerate(texts) if i != 4]
-    pool.close()

@@ -14,6 +14,7 @@ from lit_rlft.models.tiny import TinyConfig, char_tokenizer, tiny_qwen2
 from lit_rlft.rewards import BatchedReward, Failure, RewardRunner
 from lit_rlft.rollout.base import SamplingConfig
 from lit_rlft.rollout.hf import HFEngine
+from lit_rlft.rollout.source import RolloutRequest
 from lit_rlft.rollout.worker import RolloutWorker
 from lit_rlft.step.config import GenerationConfig
 
@@ -77,8 +78,8 @@ def rollout(chunks: int, delay: float = 0.0):
     reward = Clocked(delay)
     worker = RolloutWorker(engine, RewardRunner([reward], timeout_s=None, report=False), tok, score_chunks=chunks)
     torch.manual_seed(0)
-    roll, scored = worker.rollout(Source(tok), np.arange(6), 3, SamplingConfig(max_new_tokens=6), step=0, seed=1)
-    return roll, scored, engine, reward
+    reply = worker.rollout(RolloutRequest.render(Source(tok), np.arange(6), 3, SamplingConfig(max_new_tokens=6), seed=1))
+    return reply.rollouts, reply.scores, engine, reward
 
 
 def test_chunks_are_scored_while_the_next_generates_and_joined_in_order():
@@ -110,4 +111,4 @@ def test_one_chunk_is_todays_path_and_bad_settings_are_named():
     engine.setup(tiny_qwen2(tok, SMALL), tok, sharded=True)
     worker = RolloutWorker(engine, RewardRunner([Clocked(0)], timeout_s=None), tok, score_chunks=2)
     with pytest.raises(ValueError, match="unsharded"):
-        worker.rollout(Source(tok), np.arange(2), 2, SamplingConfig(max_new_tokens=2), step=0)
+        worker.rollout(RolloutRequest.render(Source(tok), np.arange(2), 2, SamplingConfig(max_new_tokens=2)))

@@ -39,7 +39,7 @@ def test_a_missing_vllm_says_what_to_install():
 
 def _engine_of(module):
     """The module's engine (GRPOModule keeps it in its Lightning-free step, ``module.grpo``)."""
-    return module.grpo.engine
+    return module.grpo.source.engine
 
 
 def _module_logprobs(module, batch: Rollouts, rows: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from lit_rlft.rollout.base import GenerationOutput, SamplingConfig
+from lit_rlft.rollout.base import GenerationOutput, RolloutEngine, SamplingConfig
+from lit_rlft.rollout.source import RolloutRequest
 from lit_rlft.rollout.worker import RolloutWorker
 
 
@@ -29,7 +30,7 @@ class _Tokenizer:
         return ["c"] * len(ids)
 
 
-class _Engine:
+class _Engine(RolloutEngine):
     def __init__(self, error=None):
         self.error = error
 
@@ -43,7 +44,7 @@ class _Engine:
 
 def _rollout(engine, rewards):
     worker = RolloutWorker(engine, rewards, _Tokenizer())
-    return worker.rollout(_Source(), np.arange(2), 2, SamplingConfig(max_new_tokens=2), step=0)
+    return worker.rollout(RolloutRequest.render(_Source(), np.arange(2), 2, SamplingConfig(max_new_tokens=2)))
 
 
 def test_an_engine_error_propagates_unchanged_and_marked_as_a_generation_failure():

@@ -31,7 +31,7 @@ from lit_rlft.callbacks import (
     SequentialSamplingCallback,
 )
 from lit_rlft.core.advantages import group_advantages
-from lit_rlft.step import TorchBackend
+from lit_rlft.step import TorchBackend, train
 from lit_rlft.step.optim import configure_adamw
 from tests.conftest import REPO, countdown_dm, tiny_config, tiny_module, tiny_trainer
 from tests.step.test_grpo_step import Trained
@@ -46,27 +46,22 @@ def _step(depth: int = 1, **kw):
 
 
 def _loop(step, callbacks=(), steps=4, size=48, batch_size=4, before_step=None):
-    """The plain loop: the step bound to Countdown prompts, ``steps`` rollout steps; each step's output."""
+    """The plain loop (lit_rlft.step.train): the step bound to Countdown prompts, ``steps`` rollout steps; each
+    step's output."""
     data = countdown_dm(size=size, batch_size=batch_size)
     data.setup("fit")
     step.bind(data, callbacks=callbacks)
     opt = configure_adamw(step.policy, step.optim, total_steps=100)
     backend = TorchBackend(step.policy, opt["optimizer"], opt["lr_scheduler"]["scheduler"])
-    step.start()
-    for hook in ("setup_step", "before_first_step"):
-        for cb in callbacks:
-            getattr(cb, hook)(step)
     outs = []
-    try:
-        for _ in range(steps):
-            if before_step is not None:
-                before_step(step)
-            out = step.run(backend)
-            for cb in callbacks:
-                cb.after_step(step, out)
-            outs.append(out)
-    finally:
-        step.close()
+    if before_step is not None:
+        before_step(step)
+    for out in train(step, backend, callbacks):
+        outs.append(out)
+        if len(outs) == steps:
+            break
+        if before_step is not None:
+            before_step(step)
     return outs
 
 
@@ -168,7 +163,7 @@ def test_a_generation_process_that_dies_stops_the_run_naming_it():
 
     def kill(step):
         if step.rollout_step == 2:
-            os.kill(step.pipeline.process.pid, signal.SIGKILL)
+            os.kill(step.source.pid, signal.SIGKILL)
 
     t0 = time.monotonic()
     with pytest.raises(Exception, match=r"generation process \(pid \d+\) died \(exit code -9\)"):
@@ -195,7 +190,7 @@ def test_no_generation_process_outlives_its_run(tmp_path):
     """Closed with the step; and killed with the trainer's process when it dies without closing anything."""
     step = _step(depth=1)
     _loop(step, steps=1)
-    assert step.pipeline.process is None  # closed by step.close()
+    assert step.source.process is None  # closed by step.close()
     script = tmp_path / "dies.py"
     script.write_text(
         "import os, sys\n"
@@ -204,7 +199,8 @@ def test_no_generation_process_outlives_its_run(tmp_path):
         "from tests.conftest import countdown_dm\n"
         "step = _step(depth=1)\n"
         "data = countdown_dm(size=24, batch_size=4); data.setup('fit'); step.bind(data); step.start()\n"
-        "print(step.pipeline.process.pid, flush=True)\n"
+        "step.sync_engine()  # starts the generation process (with the current weights)\n"
+        "print(step.source.pid, flush=True)\n"
         "os._exit(0)\n")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
@@ -224,15 +220,17 @@ def _alive(pid: int) -> bool:
         return f.read().split()[2] != "Z"
 
 
-def test_depth_needs_a_config_and_is_checked():
+def test_depth_is_checked_and_a_step_needs_no_config_to_generate_ahead():
+    """The generation process's source is given what it needs when it is built (its policy factory), so a step whose
+    config is gone (built by hand) still runs at depth 1; before, the process read the step's config and refused."""
     from lit_rlft import GenerationConfig
 
     with pytest.raises(ValueError, match="async_depth must be >= 0"):
         GenerationConfig(async_depth=-1)
     step = _step(depth=1)
     step.config = None  # a step built by hand
-    with pytest.raises(ValueError, match=r"needs a step built by build_step"):
-        _loop(step, steps=1)
+    outs = _loop(step, steps=2)
+    assert [o.metrics["async/staleness/max"] for o in outs] == [0, 1]
 
 
 def test_a_reward_model_scores_in_the_generation_process_as_in_the_trainer():

@@ -8,7 +8,7 @@ import torch
 from lit_rlft import build_step
 from lit_rlft.callbacks import ReplayCallback
 from lit_rlft.envs.base import Environment, EnvStep
-from lit_rlft.step import TorchBackend
+from lit_rlft.step import TorchBackend, train
 from lit_rlft.step.optim import configure_adamw
 from tests.conftest import countdown_dm, tiny_config
 
@@ -40,16 +40,11 @@ def _run(steps: int = 2, callbacks=(), **overrides):
     step.bind(data, callbacks=list(callbacks))
     opt = configure_adamw(step.policy, step.optim, total_steps=10)
     backend = TorchBackend(step.policy, opt["optimizer"], opt["lr_scheduler"]["scheduler"])
-    step.start()
-    for hook in ("setup_step", "before_first_step"):
-        for cb in callbacks:
-            getattr(cb, hook)(step)
     outs = []
-    for _ in range(steps):
-        outs.append(step.run(backend))
-        for cb in callbacks:
-            cb.after_step(step, outs[-1])
-    step.close()
+    for out in train(step, backend, list(callbacks)):
+        outs.append(out)
+        if len(outs) == steps:
+            break
     return step, outs
 
 

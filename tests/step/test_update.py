@@ -40,7 +40,7 @@ def _grads(loss_type: str, micro: int | None) -> dict[str, torch.Tensor]:
 
     batch = _batch()
     backend = Capture(model, torch.optim.SGD(model.parameters(), lr=0.0))
-    stats = updater.update(batch, group_advantages(batch.rewards).reshape(-1), backend)
+    stats = updater.update(batch, group_advantages(batch.rewards).reshape(-1), backend).metrics
     assert "loss" in stats and "grad_norm" not in stats  # max_grad_norm=0: no clipping
     return grads
 
@@ -60,13 +60,13 @@ def test_torch_backend_steps_the_optimizer_and_reports_the_learning_rate():
     batch = _batch()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     stats = PolicyUpdater(GRPOLoss(), temperature=1.0).update(
-        batch, group_advantages(batch.rewards).reshape(-1), TorchBackend(model, opt))
+        batch, group_advantages(batch.rewards).reshape(-1), TorchBackend(model, opt)).metrics
     assert stats["learning_rate"] == 1e-3 and stats["grad_norm"] > 0
     assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
 
 
 def _adamw_step(model, updater, advantages, optimizer):
-    return updater.update(_batch(), advantages, TorchBackend(model, optimizer))
+    return updater.update(_batch(), advantages, TorchBackend(model, optimizer)).metrics
 
 
 @pytest.mark.parametrize("max_grad_norm", [1.0, 0.0])

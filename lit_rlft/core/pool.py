@@ -1,27 +1,35 @@
-"""Score completions one at a time in worker processes that can be killed: isolation and a real time bound.
+"""Run jobs one at a time in worker processes that can be killed: isolation and a real time bound.
 
-A reward function is untrusted code applied to untrusted text. Called over a whole batch in the training process,
-one hostile completion can make it raise (scoring every other completion 0) or run forever in C code that no Python
-timeout interrupts. Here every (function, completion) pair is its own task:
+A job is untrusted code (a reward function, an environment's step) applied to untrusted text. Run over a whole batch
+in the training process, one hostile input can make it raise (failing every other input) or run forever in C code
+that no Python timeout interrupts. Here every (function, input) pair is its own :class:`Job`, and ``call`` (given
+by the user of the pool: :func:`lit_rlft.rewards.scoring.score_job`, :func:`lit_rlft.rollout.episodes.step_job`)
+turns one into a :class:`JobResult` inside a worker:
 
-- a task that raises, or whose worker dies, scores the fallback alone;
-- a task that runs past ``timeout_s`` gets its worker killed (``SIGKILL``) and replaced; the other tasks of the call
+- a job that raises, or whose worker dies, fails alone;
+- a job that runs past ``timeout_s`` gets its worker killed (``SIGKILL``) and replaced; the other jobs of the call
   go on in the other workers and in the replacement;
 - workers are started once and reused across calls (fork by default, so closures and lambdas work), so a call costs
-  one pipe round trip per chunk of tasks: a worker answers a chunk in one message (or a few, one per ``_FLUSH_S`` of
-  work), and tells the pool which task it is running, and since when, through a shared-memory word that the pool
-  reads when it decides a timeout. Tasks a killed worker had finished but not yet sent run again in another one
-  (seeded alike, so they score alike).
+  one pipe round trip per chunk of jobs: a worker answers a chunk in one message (or a few, one per ``_FLUSH_S`` of
+  work), and tells the pool which job it is running, and since when, through a shared-memory word that the pool
+  reads when it decides a timeout. Jobs a killed worker had finished but not yet sent run again in another one
+  (seeded alike, so they give alike).
 
-The bound: a task finishes, or is abandoned and its process killed, within ``timeout_s`` plus the polling slack
-(tens of milliseconds) of the moment its worker started it. A call with ``H`` hostile tasks on ``W`` workers takes
+The bound: a job finishes, or is abandoned and its process killed, within ``timeout_s`` plus the polling slack
+(tens of milliseconds) of the moment its worker started it. A call with ``H`` hostile jobs on ``W`` workers takes
 its normal time plus at most ``ceil(H / W) * timeout_s`` plus the replacements' start-up.
 
-Lifetime: a worker never outlives the process that started it, however that process ends.
+Lifetime: a worker, and every process it starts, never outlives the process that started it, however that process
+ends (see :mod:`lit_rlft.core.processes`).
 
 - On Linux every worker asks the kernel for ``SIGKILL`` when its parent dies (``prctl(PR_SET_PDEATHSIG)``), which
-  also ends a task hung in C code; everywhere, an idle worker checks every ``_PARENT_POLL_S`` that its parent is
+  also ends a job hung in C code; everywhere, an idle worker checks every ``_PARENT_POLL_S`` that its parent is
   still the one that started it, and exits otherwise.
+- Every worker runs in a session of its own (``os.setsid()``, right after arming that signal): its process group
+  holds whatever it starts (a reward function's forgotten ``subprocess.Popen``, a tool's server). A timeout kill, the
+  replacement of a dead worker, :meth:`WorkerPool.close` (after the polite stop) and the finalizer kill the whole
+  group, and the group is registered with this process's reaper, which kills it when this process dies (``SIGKILL``
+  included). A process that leaves the group (its own ``setsid``) is not covered.
 - A forked child (a worker, or any other) closes the pools' parent-side pipe ends it inherited and forgets their
   workers, so a worker's pipe reaches end-of-file as soon as its pool's process closes it or dies.
 - The pool is closed when it is garbage-collected and at interpreter exit (``weakref.finalize``); :meth:`close`
@@ -36,35 +44,34 @@ import math
 import multiprocessing as mp
 import os
 import signal
-import sys
 import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-__all__ = ["OK", "ERROR", "TIMEOUT", "CONTRACT", "Task", "TaskResult", "WorkerPool", "default_num_workers", "score_task",
-           "set_parent_death_signal"]
+from lit_rlft.core.processes import kill_group, new_session, set_parent_death_signal, watch_group
+
+__all__ = ["CONTRACT", "ERROR", "OK", "TIMEOUT", "Job", "JobCall", "JobResult", "WorkerPool", "default_num_workers"]
 
 OK, ERROR, TIMEOUT, CONTRACT = "ok", "error", "timeout", "contract"
-"""Task outcomes: a score (float, or None for unscored), an exception, past the time bound, a broken contract."""
+"""Job outcomes: a value (a score, an environment's answer), an exception, past the time bound, a broken contract."""
 
 _MAX_CHUNK = 32
-_MAX_MESSAGE = 300
 _FLUSH_S = 0.05
-"""A worker sends the answers it holds before starting a task once they are this old (a kill loses less work)."""
+"""A worker sends the answers it holds before starting a job once they are this old (a kill loses less work)."""
 _PARENT_POLL_S = 0.5
 """How often an idle worker checks that its parent is alive (the portable fallback to the parent-death signal)."""
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 @dataclass(frozen=True)
-class Task:
-    """One function on one completion: ``funcs[func](completions=[completion], **row)``; with a ``seed``, the
-    worker seeds ``random``, numpy and torch with it first (a reward that samples is reproducible)."""
+class Job:
+    """One function on one input, run in a worker by the pool's ``call`` (for a reward,
+    ``funcs[func](completions=[completion], **row)``); with a ``seed``, the worker seeds ``random``, numpy and torch
+    with it first (a function that samples is reproducible)."""
 
     func: int
     completion: str
@@ -72,13 +79,26 @@ class Task:
     seed: int | None = None
 
 
+@dataclass(frozen=True)
+class JobResult:
+    """``outcome`` is OK (``value`` what the call gave), ERROR / CONTRACT (``value`` the message) or TIMEOUT."""
+
+    outcome: str
+    value: Any = None
+
+
+JobCall = Callable[[Callable[..., Any], Job], JobResult]
+"""How a worker runs one job: ``call(funcs[job.func], job) -> JobResult``; it catches the function's exceptions
+itself (one that escapes kills its worker: the job then fails as "worker process died")."""
+
+
 def _seed_everything(seed: int) -> None:
     """``random``, numpy and torch's CPU generator; CUDA's and XPU's where they are initialised in this process.
 
     Not ``torch.manual_seed``: it also queues lazy seeds for every accelerator backend, 60 us a call against 1 us,
-    which at one call per task was a third of a cheap rule reward's cost. A reward function that runs on an
-    accelerator inside a worker (possible with ``start_method="spawn"``) is seeded from its second task on, once
-    the backend is initialised; initialise it when the function's module is imported to have every task seeded.
+    which at one call per job was a third of a cheap rule reward's cost. A function that runs on an accelerator
+    inside a worker (possible with ``start_method="spawn"``) is seeded from its second job on, once the backend is
+    initialised; initialise it when the function's module is imported to have every job seeded.
     """
     import random
 
@@ -95,72 +115,11 @@ def _seed_everything(seed: int) -> None:
         xpu.manual_seed_all(seed)
 
 
-@dataclass(frozen=True)
-class TaskResult:
-    """``outcome`` is OK (``value`` a float or None), ERROR / CONTRACT (``value`` the message) or TIMEOUT."""
-
-    outcome: str
-    value: Any = None
-
-
 def default_num_workers() -> int:
-    """Reward workers for this process: the CPU cores shared among the node's ranks, between 1 and 4."""
+    """Workers for this process: the CPU cores shared among the node's ranks, between 1 and 4."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
     return max(1, min(4, cores // local_ranks))
-
-
-def _as_score(raw: Any) -> TaskResult:
-    """A function's return value for one completion: exactly one number (or None)."""
-    if hasattr(raw, "detach") and hasattr(raw, "reshape"):  # a tensor
-        raw = raw.detach().cpu().reshape(-1).tolist()
-    if isinstance(raw, (str, bytes)) or not hasattr(raw, "__len__"):
-        return TaskResult(CONTRACT, f"returned {type(raw).__name__}, expected a list of scores")
-    if len(raw) != 1:
-        return TaskResult(CONTRACT, f"returned {len(raw)} scores for 1 completion")
-    value = raw[0]
-    if value is None:
-        return TaskResult(OK, None)
-    try:
-        score = float(value)
-    except (TypeError, ValueError, OverflowError):
-        return TaskResult(CONTRACT, f"returned a non-numeric score {str(value)[:80]!r}")
-    return TaskResult(OK, score if math.isfinite(score) else None)
-
-
-def score_task(func: Callable[..., Any], task: Task) -> TaskResult:
-    """Run one task in this process; exceptions become ERROR results (the message is truncated)."""
-    try:
-        raw = func(completions=[task.completion], **task.row)
-    except Exception as exc:  # untrusted input: any failure scores this completion alone
-        return TaskResult(ERROR, f"{type(exc).__name__}: {str(exc)[:_MAX_MESSAGE]}")
-    return _as_score(raw)
-
-
-def _libc_prctl() -> Callable[..., int] | None:
-    """``prctl`` from the C library on Linux, else None (looked up once, in the parent: a forked child only calls
-    it)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # no usable libc: the polling fallback still ends the workers
-        return None
-
-
-_PRCTL = _libc_prctl()
-
-
-def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
-    """Linux: have the kernel send this process ``sig`` when the thread that forked it ends; False where that is
-    not available. Also usable as (part of) a ``subprocess.Popen`` ``preexec_fn``: it only makes the system call.
-
-    The parent may have died before this call: check ``os.getppid()`` right after it.
-    """
-    if _PRCTL is None:
-        return False
-    zero = ctypes.c_ulong(0)
-    return _PRCTL(_PR_SET_PDEATHSIG, ctypes.c_ulong(sig), zero, zero, zero) == 0
 
 
 def _pid_alive(pid: int) -> bool:
@@ -182,26 +141,27 @@ def _orphaned(parent: int, owner: int) -> bool:
 
 def _worker_main(
     conn: Connection, funcs: Sequence[Callable[..., Any]], owner: int, parent: int | None, death_signal: bool,
-    progress: Any, call: Callable[[Callable[..., Any], Task], TaskResult] = score_task,
+    progress: Any, call: JobCall,
 ) -> None:
-    """Worker loop: receive a chunk of tasks, send their results in order (all at the end of the chunk, or those
-    held for ``_FLUSH_S`` before the next task starts), until ``None``, EOF or the death of the parent.
+    """Worker loop: receive a chunk of jobs, send their results in order (all at the end of the chunk, or those
+    held for ``_FLUSH_S`` before the next job starts), until ``None``, EOF or the death of the parent.
 
     Args:
         conn: this worker's end of its pipe.
-        funcs: the reward callables.
+        funcs: the callables the jobs index.
         owner: pid of the pool's process.
         parent: the expected parent pid (the owner; None under a fork server: the parent is whoever forked us).
         death_signal: arm the parent-death signal; only when the forking thread lives as long as its process (the
             signal follows the thread that forked, not the process).
-        progress: shared ``[position in the chunk, time.monotonic() when it started]`` of the running task (the
+        progress: shared ``[position in the chunk, time.monotonic() when it started]`` of the running job (the
             start written first, so that a reader who sees the same position twice around its read of the start
-            never pairs a position with an earlier task's start).
-        call: runs one task (:func:`score_task` for rewards; the episode runner's environment steps use another).
+            never pairs a position with an earlier job's start).
+        call: runs one job.
     """
     parent = os.getppid() if parent is None else parent
     if death_signal:
         set_parent_death_signal()
+    new_session()  # a group of our own: whatever a job starts is killed with us (the death signal survives setsid)
     if _orphaned(parent, owner):  # the parent died before the signal was armed: nothing would ever send it
         return
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
@@ -227,18 +187,18 @@ def _worker_main(
             return
         if chunk is None:
             return
-        held: list[TaskResult] = []
+        held: list[JobResult] = []
         flushed = time.monotonic()
-        for position, task in enumerate(chunk):
+        for position, job in enumerate(chunk):
             now = time.monotonic()
             if held and now - flushed >= _FLUSH_S:
                 conn.send(held)
                 held, flushed = [], now
             progress[1] = now
             progress[0] = position
-            if task.seed is not None:
-                _seed_everything(task.seed)
-            held.append(call(funcs[task.func], task))
+            if job.seed is not None:
+                _seed_everything(job.seed)
+            held.append(call(funcs[job.func], job))
         conn.send(held)
 
 
@@ -246,12 +206,12 @@ def _worker_main(
 class _Worker:
     process: Any
     conn: Connection
-    progress: Any  # shared [position in `sent`, start time] of the running task (see _worker_main)
-    sent: list[int] = field(default_factory=list)  # task indices of the chunk sent last, in order
+    progress: Any  # shared [position in `sent`, start time] of the running job (see _worker_main)
+    sent: list[int] = field(default_factory=list)  # job indices of the chunk sent last, in order
     chunk: list[int] = field(default_factory=list)  # those not answered yet, in order (a suffix of `sent`)
 
     def running(self) -> tuple[int, float]:
-        """``(index into sent, start time)`` of the task the worker is running (``(0, the chunk's send time)``
+        """``(index into sent, start time)`` of the job the worker is running (``(0, the chunk's send time)``
         before it starts one); a start read while the worker moves on is taken as now (it is not stuck)."""
         for _ in range(3):
             before, started, after = self.progress[0], self.progress[1], self.progress[0]
@@ -260,17 +220,26 @@ class _Worker:
         return int(self.progress[0]), time.monotonic()
 
     def blame(self) -> tuple[int, list[int]]:
-        """The task the worker was running when it was stopped, and the chunk's other unanswered tasks (those it
+        """The job the worker was running when it was stopped, and the chunk's other unanswered jobs (those it
         finished without sending them included: they run again)."""
         position, _ = self.running()
-        task = self.sent[position] if position < len(self.sent) else self.chunk[0]
-        if task not in self.chunk:  # answered already: the worker was between tasks
-            task = self.chunk[0]
-        return task, [i for i in self.chunk if i != task]
+        job = self.sent[position] if position < len(self.sent) else self.chunk[0]
+        if job not in self.chunk:  # answered already: the worker was between jobs
+            job = self.chunk[0]
+        return job, [i for i in self.chunk if i != job]
+
+
+def _kill(process: Any) -> None:
+    """``SIGKILL`` a worker and every process of its group (what its jobs started); before it is reaped."""
+    kill_group(process.pid)
+    with contextlib.suppress(OSError, ValueError, AssertionError):  # not our child (a forked copy of the pool)
+        if process.is_alive():  # the group did not exist yet (a fork server's worker before its setsid)
+            process.kill()
 
 
 def _stop_workers(workers: list[_Worker]) -> None:
-    """Ask every worker to stop, kill those still running after a second, reap them and empty ``workers``.
+    """Ask every worker to stop, kill those still running after a second, reap them, kill what they left in their
+    groups, and empty ``workers``.
 
     A module-level function over the list (not a method) so that ``weakref.finalize`` can call it after the pool
     itself is gone; an empty list makes it a no-op, so it may run any number of times.
@@ -283,8 +252,9 @@ def _stop_workers(workers: list[_Worker]) -> None:
         with contextlib.suppress(OSError, ValueError, AssertionError):  # not our child (a forked copy of the pool)
             worker.process.join(timeout=max(0.0, deadline - time.monotonic()))
             if worker.process.is_alive():
-                worker.process.kill()
+                _kill(worker.process)
                 worker.process.join(timeout=5)
+        kill_group(worker.process.pid)  # processes its jobs started and left behind (the group outlives its leader)
         worker.conn.close()
     workers.clear()
 
@@ -313,18 +283,26 @@ if hasattr(os, "register_at_fork"):
 
 
 class WorkerPool:
-    """Worker processes scoring :class:`Task` lists with per-task isolation and a per-task time bound.
+    """Worker processes running :class:`Job` lists with per-job isolation and a per-job time bound.
 
     Args:
-        funcs: the reward callables; with ``start_method="fork"`` (default on Linux) they reach the workers by
-            inheritance, so closures work; other start methods need picklable functions.
-        timeout_s: the per-task bound, in seconds.
+        funcs: the callables that jobs index (``job.func``); with ``start_method="fork"`` (default on Linux) they
+            reach the workers by inheritance, so closures work; other start methods need picklable functions.
+        timeout_s: the per-job bound, in seconds.
         num_workers: processes (default :func:`default_num_workers`).
         start_method: ``"fork"``, ``"forkserver"`` or ``"spawn"`` (default: fork where available).
-        call: how a worker runs one task, ``call(funcs[task.func], task) -> TaskResult`` (default
-            :func:`score_task`: a reward function's one score); a module-level function (it reaches the workers as
-            their target's argument).
+        call: how a worker runs one job, ``call(funcs[job.func], job) -> JobResult``
+            (:func:`lit_rlft.rewards.scoring.score_job` for a reward's one score); a module-level function (it
+            reaches the workers as their target's argument).
         name: the workers' process name.
+
+    Example:
+        >>> def apply(func, job):
+        ...     return JobResult(OK, func(job.completion))
+        >>> pool = WorkerPool([str.upper], timeout_s=5.0, num_workers=1, call=apply)
+        >>> [r.value for r in pool.run([Job(0, "a", {}), Job(0, "b", {})])]
+        ['A', 'B']
+        >>> pool.close()
     """
 
     def __init__(
@@ -333,8 +311,9 @@ class WorkerPool:
         timeout_s: float,
         num_workers: int | None = None,
         start_method: str | None = None,
-        call: Callable[[Callable[..., Any], Task], TaskResult] = score_task,
-        name: str = "lit-rlft-reward",
+        *,
+        call: JobCall,
+        name: str = "lit-rlft-worker",
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
@@ -379,6 +358,7 @@ class WorkerPool:
         finally:
             self._opening = None
             child.close()
+        watch_group(process.pid)  # its group (its pid, once it has called setsid) dies with this process
         return _Worker(process, parent, progress)
 
     def start(self) -> None:
@@ -390,17 +370,16 @@ class WorkerPool:
             self._workers.append(self._start_worker())
 
     def _replace(self, index: int) -> None:
-        """Kill worker ``index`` (if alive), reap it and start a fresh one in its place."""
+        """Kill worker ``index`` and its group, reap it and start a fresh one in its place."""
         worker = self._workers[index]
-        if worker.process.is_alive():
-            worker.process.kill()
+        _kill(worker.process)  # a dead worker's group too: what its jobs started outlives it otherwise
         worker.process.join(timeout=5)
         worker.conn.close()
         self._workers[index] = self._start_worker()
         self.restarts += 1
 
     def close(self) -> None:
-        """Stop every worker; idempotent, and a later :meth:`run` starts new ones."""
+        """Stop every worker and every process they started; idempotent, and a later :meth:`run` starts new ones."""
         _stop_workers(self._workers)
 
     def _forget_workers(self) -> None:
@@ -414,25 +393,25 @@ class WorkerPool:
         self._opening = None
 
     def pids(self) -> list[int]:
-        """Process ids of the current workers."""
+        """Process ids of the current workers (each also the id of its process group)."""
         return [worker.process.pid for worker in self._workers]
 
     # ------------------------------------------------------------------------------------------------- run
-    def run(self, tasks: Sequence[Task]) -> list[TaskResult]:
-        """Score every task; results in task order."""
-        results: list[TaskResult | None] = [None] * len(tasks)
-        if not tasks:
+    def run(self, jobs: Sequence[Job]) -> list[JobResult]:
+        """Run every job; results in job order."""
+        results: list[JobResult | None] = [None] * len(jobs)
+        if not jobs:
             return []
         self._ensure_started()
-        size = max(1, min(_MAX_CHUNK, math.ceil(len(tasks) / (4 * self.num_workers))))
-        pending: deque[list[int]] = deque(list(range(i, min(i + size, len(tasks)))) for i in range(0, len(tasks), size))
+        size = max(1, min(_MAX_CHUNK, math.ceil(len(jobs) / (4 * self.num_workers))))
+        pending: deque[list[int]] = deque(list(range(i, min(i + size, len(jobs)))) for i in range(0, len(jobs), size))
         while pending or any(worker.chunk for worker in self._workers):
-            self._dispatch(tasks, pending)
+            self._dispatch(jobs, pending)
             self._collect(results, pending)
             self._enforce_timeouts(results, pending)
-        return [result if result is not None else TaskResult(ERROR, "lost") for result in results]
+        return [result if result is not None else JobResult(ERROR, "lost") for result in results]
 
-    def _dispatch(self, tasks: Sequence[Task], pending: deque[list[int]]) -> None:
+    def _dispatch(self, jobs: Sequence[Job], pending: deque[list[int]]) -> None:
         """Give the next chunk to every idle worker; a worker found dead is replaced first."""
         for index in range(len(self._workers)):
             if self._workers[index].chunk or not pending:
@@ -440,10 +419,10 @@ class WorkerPool:
             chunk = pending.popleft()
             for _attempt in range(2):
                 worker = self._workers[index]
-                worker.progress[1] = time.monotonic()  # the first task's bound runs from the send
+                worker.progress[1] = time.monotonic()  # the first job's bound runs from the send
                 worker.progress[0] = 0
                 try:
-                    worker.conn.send([tasks[i] for i in chunk])
+                    worker.conn.send([jobs[i] for i in chunk])
                 except (OSError, ValueError):
                     self._replace(index)
                     continue
@@ -451,9 +430,9 @@ class WorkerPool:
                 break
             else:
                 pending.appendleft(chunk)
-                raise RuntimeError("reward worker processes cannot be started")
+                raise RuntimeError(f"{self.name} worker processes cannot be started")
 
-    def _collect(self, results: list[TaskResult | None], pending: deque[list[int]]) -> None:
+    def _collect(self, results: list[JobResult | None], pending: deque[list[int]]) -> None:
         """Wait (until the earliest deadline) for answers and record them."""
         busy = [worker for worker in self._workers if worker.chunk]
         if not busy:
@@ -463,9 +442,9 @@ class WorkerPool:
         ready = set(wait([worker.conn for worker in busy], timeout=wait_s))
         for index, worker in enumerate(self._workers):
             if worker.conn in ready and not self._receive(worker, results):  # died mid-chunk (segfault, OOM)
-                self._stop(index, results, pending, TaskResult(ERROR, "reward worker process died"))
+                self._stop(index, results, pending, JobResult(ERROR, "worker process died"))
 
-    def _receive(self, worker: _Worker, results: list[TaskResult | None]) -> bool:
+    def _receive(self, worker: _Worker, results: list[JobResult | None]) -> bool:
         """Record every answer waiting on ``worker``'s pipe; False when the pipe is closed (the worker died)."""
         while worker.chunk and worker.conn.poll():
             try:
@@ -476,30 +455,30 @@ class WorkerPool:
                 results[worker.chunk.pop(0)] = result
         return True
 
-    def _stop(self, index: int, results: list[TaskResult | None], pending: deque[list[int]],
-              outcome: TaskResult) -> None:
-        """Give the task worker ``index`` was running ``outcome``, requeue the rest of its chunk, replace it."""
+    def _stop(self, index: int, results: list[JobResult | None], pending: deque[list[int]],
+              outcome: JobResult) -> None:
+        """Give the job worker ``index`` was running ``outcome``, requeue the rest of its chunk, replace it."""
         worker = self._workers[index]
-        task, rest = worker.blame()
-        results[task] = outcome
+        job, rest = worker.blame()
+        results[job] = outcome
         worker.chunk = []
         self._replace(index)
         if rest:
             pending.appendleft(rest)
 
     def _overdue(self, worker: _Worker) -> bool:
-        """Whether ``worker`` has unanswered tasks and the one it runs started at least ``timeout_s`` ago."""
+        """Whether ``worker`` has unanswered jobs and the one it runs started at least ``timeout_s`` ago."""
         return bool(worker.chunk) and time.monotonic() - worker.running()[1] >= self.timeout_s
 
-    def _enforce_timeouts(self, results: list[TaskResult | None], pending: deque[list[int]]) -> None:
-        """Kill and replace every worker whose current task ran past the bound; requeue the rest of its chunk."""
+    def _enforce_timeouts(self, results: list[JobResult | None], pending: deque[list[int]]) -> None:
+        """Kill and replace every worker whose current job ran past the bound; requeue the rest of its chunk."""
         for index, worker in enumerate(self._workers):
             if not self._overdue(worker):
                 continue
             if not self._receive(worker, results):  # answers sent just before the bound are kept
-                self._stop(index, results, pending, TaskResult(ERROR, "reward worker process died"))
+                self._stop(index, results, pending, JobResult(ERROR, "worker process died"))
             elif self._overdue(worker):  # still: the drained answers did not move it on
-                self._stop(index, results, pending, TaskResult(TIMEOUT))
+                self._stop(index, results, pending, JobResult(TIMEOUT))
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -512,12 +491,3 @@ class WorkerPool:
         state["_ctx"] = mp.get_context(state["_ctx"])
         self.__dict__.update(state)
         self._track([])
-
-
-def split_rows(columns: Mapping[str, Any], n: int) -> list[dict[str, Any]]:
-    """Per-completion keyword arguments: list / tuple columns are sliced to one-element lists, others passed."""
-    rows: list[dict[str, Any]] = [{} for _ in range(n)]
-    for key, column in columns.items():
-        for i in range(n):
-            rows[i][key] = [column[i]] if isinstance(column, (list, tuple)) else column
-    return rows
