@@ -161,10 +161,7 @@ class GRPOStep:
     # ------------------------------------------------------------------------------------------------ the context
     @property
     def data(self) -> PromptData:
-        if self.rollouts.data is None:
-            raise RuntimeError("GRPOStep: no prompt data (call bind first; GRPOModule needs a PromptDataModule: "
-                               "trainer.fit(module, datamodule=...))")
-        return self.rollouts.data
+        return self.rollouts.bound_data
 
     @property
     def collective(self) -> Collective:

@@ -36,7 +36,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -44,11 +44,14 @@ import torch
 from lit_rlft.core.distributed import Collective, LocalCollective, padded_shard, shard_slice
 from lit_rlft.core.types import OutcomeRecord, Rollouts
 from lit_rlft.rollout.base import SamplingConfig
-from lit_rlft.rollout.source import PromptSource, RolloutReply, RolloutRequest, RolloutSource
+from lit_rlft.rollout.source import RolloutReply, RolloutRequest, RolloutSource
 from lit_rlft.rollout.worker import RolloutWorker
 from lit_rlft.step.budget import RolloutBudget
 from lit_rlft.step.rewards_report import RewardFailureLog, episode_sums, failure_counts
 from lit_rlft.step.seeding import StepSeeds
+
+if TYPE_CHECKING:
+    from lit_rlft.step.context import PromptData
 
 __all__ = ["InFlight", "ShardedRollouts"]
 
@@ -89,13 +92,21 @@ class ShardedRollouts:
         self.budget = RolloutBudget()
         self.reward_failures = RewardFailureLog()
         self.collective: Collective = LocalCollective()
-        self.data: PromptSource | None = None
+        self.data: PromptData | None = None
         self.sharded = False  # the policy is FSDP2-sharded (a rank that failed while generating must not gather)
         self.ledger: deque[InFlight] = deque()
         self.costs = StepCosts()
 
-    def bind(self, data: Any, collective: Collective) -> None:
-        """The prompt data (a :class:`~lit_rlft.step.context.PromptData`) and the ranks."""
+    @property
+    def bound_data(self) -> PromptData:
+        """The prompt data; an error before :meth:`bind`."""
+        if self.data is None:
+            raise RuntimeError("GRPOStep: no prompt data (call bind first; GRPOModule needs a PromptDataModule: "
+                               "trainer.fit(module, datamodule=...))")
+        return self.data
+
+    def bind(self, data: PromptData, collective: Collective) -> None:
+        """The prompt data and the ranks."""
         self.data, self.collective = data, collective
         self._mirror()
 
@@ -198,10 +209,7 @@ class ShardedRollouts:
     # -- outcomes --------------------------------------------------------------------------------------------
     def _request(self, local_ids: np.ndarray, num_generations: int, sampling: SamplingConfig | None, split: str,
                  seed: int | None, at_step: int, purpose: str) -> RolloutRequest:
-        if self.data is None:
-            raise RuntimeError("GRPOStep: no prompt data (call bind first; GRPOModule needs a PromptDataModule: "
-                               "trainer.fit(module, datamodule=...))")
-        return RolloutRequest.render(self.data, local_ids, num_generations, sampling, split, seed, at_step, purpose)
+        return RolloutRequest.render(self.bound_data, local_ids, num_generations, sampling, split, seed, at_step, purpose)
 
     @staticmethod
     def _payload(reply: RolloutReply, valid: int | None = None) -> tuple[Any, ...]:

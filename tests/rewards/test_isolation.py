@@ -3,7 +3,6 @@ mechanics are tested in tests/core/test_pool.py)."""
 
 import copy
 import os
-import re
 import time
 import warnings
 
@@ -11,6 +10,7 @@ import pytest
 import torch
 
 from lit_rlft.rewards import RewardRunner
+from tests.core.test_pool import hostile_length  # len(c), except for the hostile completions it names
 
 
 def _alive(pid: int) -> bool:
@@ -19,21 +19,6 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def hostile_length(completions: list[str], **kwargs: object) -> list[float]:
-    """len(c), except: "raise" raises, "hang" backtracks forever in C (holding the GIL), "die" kills its process,
-    "nan" returns NaN."""
-    (c,) = completions  # the runner calls with one completion at a time
-    if c == "raise":
-        raise ValueError("hostile")
-    if c == "hang":
-        re.match(r"(a+)+$", "a" * 64 + "b")  # exponential backtracking inside the C regex engine
-    if c == "die":
-        os._exit(3)
-    if c == "nan":
-        return [float("nan")]
-    return [float(len(c))]
 
 
 def whole_batch(completions: list[str], **kwargs: object) -> list[float]:
