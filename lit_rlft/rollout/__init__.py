@@ -1,5 +1,5 @@
 """Rollout engines behind one interface, the worker that generates and scores with one, and the rollout sources a
-step holds (one interface, :class:`RolloutSource`: in process, or a generation process). vLLM is imported lazily in
+step holds (one interface, :class:`RolloutSource`: in process, a generation process, or vLLM servers). vLLM is imported lazily in
 ``rollout/vllm.py`` only."""
 
 from lit_rlft.rollout.base import GenerationOutput, RolloutEngine, SamplingConfig
@@ -7,9 +7,11 @@ from lit_rlft.rollout.generation_process import GenerationError, ProcessRollouts
 from lit_rlft.rollout.hf import HFEngine
 from lit_rlft.rollout.in_process import InProcessRollouts
 from lit_rlft.rollout.judge import EngineJudge
+from lit_rlft.rollout.server_rollouts import ServerRollouts
+from lit_rlft.rollout.servers import ServerEngine, ServerError
 from lit_rlft.rollout.source import PromptSource, RolloutReply, RolloutRequest, RolloutSource
 from lit_rlft.rollout.worker import RolloutWorker
 
 __all__ = ["EngineJudge", "GenerationError", "GenerationOutput", "HFEngine", "InProcessRollouts", "ProcessRollouts",
            "PromptSource", "RolloutEngine", "RolloutReply", "RolloutRequest", "RolloutSource", "RolloutWorker",
-           "SamplingConfig"]
+           "SamplingConfig", "ServerEngine", "ServerError", "ServerRollouts"]

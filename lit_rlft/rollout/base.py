@@ -54,6 +54,7 @@ class GenerationOutput:
     logprobs: Tensor | None  # [N, L] float32, log-probs of the distribution actually sampled from (if asked)
     finish_reasons: list[FinishReason]  # [N]
     policy_mask: Tensor | None = None  # [N, L] long, 1 on the policy's tokens (multi-turn episodes; None: the mask)
+    versions: list[int] | None = None  # [N] the weights version that sampled each row (engines that report it)
 
     @property
     def num_tokens(self) -> int:

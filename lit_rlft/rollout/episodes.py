@@ -108,6 +108,7 @@ class _Episode:
     reward: float | None = None
     finish: str | None = None  # None while it goes on
     truncated: bool = False
+    version: int | None = None  # the oldest weights version among its turns (engines that report one)
 
 
 class EpisodeRunner:
@@ -180,6 +181,8 @@ class EpisodeRunner:
             ep.policy += [1] * n
             ep.logprobs += lps[k][:n] if lps is not None else [0.0] * n
             ep.turns += 1
+            if out.versions is not None:
+                ep.version = out.versions[k] if ep.version is None else min(ep.version, out.versions[k])
             ep.messages.append({"role": "assistant", "content": self.tokenizer.decode(turn, skip_special_tokens=True)})
             # a turn cut by the per-turn limit goes to the environment like any other (a cut tool call is its to
             # refuse); the episode's budget spent ends the episode
@@ -246,7 +249,8 @@ class EpisodeRunner:
             logprobs[i, :n] = torch.tensor(ep.logprobs, dtype=torch.float32)
         out = GenerationOutput(completion_ids=ids, completion_mask=mask, logprobs=logprobs if reported else None,
                                finish_reasons=["length" if ep.truncated else "stop" for ep in episodes],
-                               policy_mask=policy)
+                               policy_mask=policy, versions=None if any(ep.version is None for ep in episodes)
+                               else [ep.version for ep in episodes])
         return EpisodeOutput(output=out, env_rewards=[ep.reward for ep in episodes],
                              turns=[ep.turns for ep in episodes], tool_calls=[ep.tool_calls for ep in episodes],
                              tool_failures=[ep.tool_failures for ep in episodes], env_errors=counts["errors"],

@@ -469,6 +469,9 @@ class ProcessRollouts:
     def last_push_bytes(self) -> int | None:
         return None
 
+    def metrics(self) -> dict[str, float]:
+        return {}
+
     def close(self) -> None:
         """Stop the process (and this side's scorer and environment workers, should anything have started them);
         batches in flight are dropped (the step's ledger keeps their ids)."""

@@ -86,6 +86,9 @@ class InProcessRollouts:
     def last_push_bytes(self) -> int | None:
         return self.engine.last_sync_bytes
 
+    def metrics(self) -> dict[str, float]:
+        return {}
+
     def close(self) -> None:
         """Stop the scorer's and the environment's worker processes (a later request starts them again)."""
         self._replies.clear()

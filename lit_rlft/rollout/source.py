@@ -21,6 +21,8 @@ Kinds (a new kind is a new file implementing the Protocol, never a branch in the
   policy (``model.generation.async_depth = 0``).
 - :class:`~lit_rlft.rollout.generation_process.ProcessRollouts`: a generation process beside the trainer, with its own
   copy of the weights pushed through shared memory (``async_depth = k``).
+- :class:`~lit_rlft.rollout.server_rollouts.ServerRollouts`: vLLM servers on this machine or others (``lit-rlft
+  serve``), weights pushed over a ``torch.distributed`` group (``model.engine: ServerEngine``, any depth).
 
 Notation: ``b`` prompts of this rank, ``G`` completions per prompt.
 """
@@ -136,6 +138,11 @@ class RolloutSource(Protocol):
     @property
     def last_push_bytes(self) -> int | None:
         """Bytes the last :meth:`push` sent to weights of the source's own (None: it samples from the policy)."""
+        ...
+
+    def metrics(self) -> dict[str, float]:
+        """The source's own scalars, logged with the step's (servers: ``servers/alive``, ``servers/dropped``; empty
+        for the others)."""
         ...
 
     def close(self) -> None:

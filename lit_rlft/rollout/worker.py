@@ -126,7 +126,7 @@ class RolloutWorker:
             completion_mask=out.completion_mask,  # [N, L]
             rewards=rewards,
             correct=rewards >= self.success_threshold,
-            birth_step=torch.full((len(ids),), request.version, dtype=torch.long),
+            birth_step=_birth_steps(out, len(ids), G, request.version),
             is_replay=torch.zeros(len(ids), dtype=torch.bool),
             truncated=torch.tensor([r == "length" for r in out.finish_reasons]),
             engine_logprobs=out.logprobs,
@@ -192,6 +192,14 @@ class RolloutWorker:
         return state
 
 
+def _birth_steps(out: GenerationOutput, B: int, G: int, version: int) -> torch.Tensor:
+    """``[B]`` each group's weights version: ``version`` (the trainer's, for engines on its own policy), or the oldest
+    version the engine reports among the group's rows (servers: each row's own)."""
+    if out.versions is None:
+        return torch.full((B,), version, dtype=torch.long)
+    return torch.tensor(out.versions, dtype=torch.long).view(B, G).min(dim=1).values
+
+
 def join_outputs(outs: list[GenerationOutput], pad_id: int) -> GenerationOutput:
     """Generation outputs of consecutive prompt chunks as one (completions right-padded to the longest)."""
     width = max(o.completion_ids.shape[1] for o in outs)
@@ -200,9 +208,10 @@ def join_outputs(outs: list[GenerationOutput], pad_id: int) -> GenerationOutput:
         return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
 
     logprobs = None if any(o.logprobs is None for o in outs) else torch.cat([pad(o.logprobs, 0.0) for o in outs])
+    versions = None if any(o.versions is None for o in outs) else [v for o in outs for v in o.versions]
     return GenerationOutput(completion_ids=torch.cat([pad(o.completion_ids, pad_id) for o in outs]),
                             completion_mask=torch.cat([pad(o.completion_mask, 0) for o in outs]), logprobs=logprobs,
-                            finish_reasons=[r for o in outs for r in o.finish_reasons])
+                            finish_reasons=[r for o in outs for r in o.finish_reasons], versions=versions)
 
 
 def join_results(results: list[Any]) -> Any:

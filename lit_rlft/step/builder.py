@@ -25,6 +25,8 @@ from lit_rlft.rollout.episodes import EpisodeRunner
 from lit_rlft.rollout.generation_process import ProcessRollouts
 from lit_rlft.rollout.hf import HFEngine
 from lit_rlft.rollout.in_process import InProcessRollouts
+from lit_rlft.rollout.server_rollouts import ServerRollouts
+from lit_rlft.rollout.servers import ServerEngine
 from lit_rlft.rollout.source import RolloutSource
 from lit_rlft.rollout.worker import RolloutWorker
 from lit_rlft.step.config import GRPOConfig
@@ -51,11 +53,15 @@ def build_step(config: GRPOConfig, models: bool = True, mesh: Any = None) -> GRP
 
 
 def rollout_source(config: GRPOConfig, rewards: Scorer, tokenizer: Any) -> RolloutSource:
-    """Where the step's rollouts come from: the engine in this process (``generation.async_depth == 0``), or a
-    generation process with its own copy of the policy (``async_depth > 0``)."""
+    """Where the step's rollouts come from: generation servers (``engine`` a :class:`ServerEngine`, at any depth), the
+    engine in this process (``generation.async_depth == 0``), or a generation process with its own copy of the policy
+    (``async_depth > 0``)."""
     engine = config.engine if config.engine is not None else HFEngine()
     episodes = episode_runner(config, tokenizer)
     g = config.generation
+    if isinstance(engine, ServerEngine):  # generation servers, at every depth
+        worker = RolloutWorker(engine, rewards, tokenizer, config.success_threshold, g.score_chunks, episodes=episodes)
+        return ServerRollouts(worker, tokenizer)
     if not g.async_depth:
         worker = RolloutWorker(engine, rewards, tokenizer, config.success_threshold, g.score_chunks, episodes=episodes)
         return InProcessRollouts(worker, tokenizer)

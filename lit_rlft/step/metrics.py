@@ -153,6 +153,7 @@ def step_metrics(rollouts: Rollouts, record: OutcomeRecord, trained: OutcomeReco
     metrics["time/weight_sync_s"] = sync_s
     if sharded.source.last_push_bytes is not None:  # sources with weights of their own (vLLM)
         metrics["perf/weight_sync_mib"] = sharded.source.last_push_bytes / 2**20
+    metrics.update(sharded.source.metrics())
     metrics["time/step_s"] = seconds
     metrics["time/generation_share"] = sharded.costs.generation_s / max(seconds, 1e-9)
     if coll.is_distributed:
