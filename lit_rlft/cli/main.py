@@ -5,6 +5,7 @@
     lit-rlft validate --config configs/countdown_tiny.yaml --ckpt_path runs/.../last.ckpt
     lit-rlft sft --config configs/sft_countdown_tiny.yaml      # supervised warm start, saves an HF checkpoint
     lit-rlft dots-adapters --pairs pairs.jsonl --embedding-model PATH --out adapters.pt
+    lit-rlft serve --model DIR --port 8001                      # a vLLM generation server (in .venv-vllm)
 
 What the CLI adds to LightningCLI: a help that lists every command; one-line errors (``lit-rlft fit: error: ...``,
 exit status 2) for bad options, constructor arguments, model paths, data files and checkpoints, all before training
@@ -45,6 +46,7 @@ COMMANDS = {
     "validate": "held-out evaluation (data.val) of a policy or a --ckpt_path",
     "sft": "supervised warm start: writes the HF model a GRPO config loads",
     "dots-adapters": "train DOTS' adapters offline from (prompt, success rate) pairs",
+    "serve": "start a vLLM generation server that a trainer pushes weights to",
 }
 _NOT_OFFERED = {
     "test": "GRPOModule has no test_step",
@@ -200,7 +202,14 @@ def dots_adapters_cli(args: list[str] | None = None) -> None:
     dots_adapters_main(args)
 
 
-_DISPATCH = {"sft": sft_cli, "dots-adapters": dots_adapters_cli}
+def serve_cli(args: list[str] | None = None) -> None:
+    """``lit-rlft serve``: vLLM's OpenAI server with lit_rlft's weight-sync extension (``docs/servers.md``)."""
+    from lit_rlft.cli.serve import main as serve_main
+
+    serve_main(args)
+
+
+_DISPATCH = {"sft": sft_cli, "dots-adapters": dots_adapters_cli, "serve": serve_cli}
 
 
 def top_level_help() -> str:

@@ -10,8 +10,11 @@ from lit_rlft.rollout.judge import EngineJudge
 from lit_rlft.rollout.server_rollouts import ServerRollouts
 from lit_rlft.rollout.servers import ServerEngine, ServerError
 from lit_rlft.rollout.source import PromptSource, RolloutReply, RolloutRequest, RolloutSource
+from lit_rlft.rollout.vllm_server import VLLMServer
+from lit_rlft.rollout.weight_sync import WeightSync, WeightSyncError
 from lit_rlft.rollout.worker import RolloutWorker
 
 __all__ = ["EngineJudge", "GenerationError", "GenerationOutput", "HFEngine", "InProcessRollouts", "ProcessRollouts",
            "PromptSource", "RolloutEngine", "RolloutReply", "RolloutRequest", "RolloutSource", "RolloutWorker",
-           "SamplingConfig", "ServerEngine", "ServerError", "ServerRollouts"]
+           "SamplingConfig", "ServerEngine", "ServerError", "ServerRollouts", "VLLMServer", "WeightSync",
+           "WeightSyncError"]

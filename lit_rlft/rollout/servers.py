@@ -32,20 +32,20 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.error
-import urllib.request
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from lit_rlft.core.types import pad_to
 from lit_rlft.models.export import hf_weights
-from lit_rlft.models.sharding import hf_model
+from lit_rlft.models.sharding import hf_model, is_sharded
 from lit_rlft.rollout.base import FinishReason, GenerationOutput, RolloutEngine, SamplingConfig, stop_token_ids
+from lit_rlft.rollout.server_calls import ServerCallError, call
+from lit_rlft.rollout.weight_sync import LORA_NAME, WeightSync, WeightSyncError
 
 __all__ = ["ServerEngine", "ServerError"]
 
@@ -93,7 +93,7 @@ class ServerEngine(RolloutEngine):
         urls: the servers, ``host:port`` (or ``http://host:port``), each started with ``lit-rlft serve``.
         rendezvous: ``host:port`` where the trainer's rank 0 listens for the servers' workers to join the weight-sync
             group: an address of this machine that the servers can reach (a port nothing else uses).
-        api_key: vLLM's ``--api-key`` of the servers (None: ``$LIT_RLFT_API_KEY``, or no key).
+        api_key: vLLM's ``--api-key`` of the servers (None: ``$LIT_RLFT_API_KEY`` or ``$VLLM_API_KEY``, or no key).
         sync_token: the servers' weight-sync token (None: ``$LIT_RLFT_SYNC_TOKEN``); a server refuses a group or a push
             without it. Prefer the environment: a config file is saved with the run.
         backend: the weight-sync group's ``torch.distributed`` backend: ``auto`` (NCCL for a policy on a GPU, else
@@ -140,6 +140,7 @@ class ServerEngine(RolloutEngine):
         self._members: list[str] = []  # the servers in the current group
         self._threads: ThreadPoolExecutor | None = None
         self._lora: Any = None
+        self._device = torch.device("cpu")
 
     # -- set-up ------------------------------------------------------------------------------------------------
     def setup(self, model: nn.Module, tokenizer: Any, sharded: bool = False) -> None:
@@ -148,6 +149,7 @@ class ServerEngine(RolloutEngine):
 
         self.pad_token_id = tokenizer.pad_token_id
         self.stop_ids = stop_token_ids(hf_model(model), tokenizer)
+        self._device = next(model.parameters()).device
         self._lora = lora_config(model) if self.lora_sync == "adapter" else None
         if self._lora is not None:
             check_adapter_sync(model, self._lora)
@@ -163,8 +165,9 @@ class ServerEngine(RolloutEngine):
 
     @property
     def key(self) -> str | None:
-        """vLLM's API key of the servers, from the arguments or ``$LIT_RLFT_API_KEY`` (None: none)."""
-        return self.api_key or os.environ.get(API_KEY_ENV) or None
+        """vLLM's API key of the servers, from the arguments, ``$LIT_RLFT_API_KEY`` or ``$VLLM_API_KEY`` (the variable
+        ``lit-rlft serve`` reads; None: none)."""
+        return self.api_key or os.environ.get(API_KEY_ENV) or os.environ.get("VLLM_API_KEY") or None
 
     # -- generation --------------------------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], num_generations: int, sampling: SamplingConfig,
@@ -178,7 +181,7 @@ class ServerEngine(RolloutEngine):
         while todo:
             live = [s for s in self.servers if s.alive]
             if not live:
-                causes = "; ".join(f"{s.name}: {s.cause}" for s in self.servers)
+                causes = "; ".join(s.cause for s in self.servers)
                 raise ServerError(f"no generation server is left while {self.doing} ({causes})")
             assigned = [(i, live[i % len(live)]) for i in todo]
             results = self._map(lambda job: self._ask(job[1], bodies[job[0]], job[0], G), assigned)
@@ -206,11 +209,17 @@ class ServerEngine(RolloutEngine):
 
     def _ask(self, server: _Server, body: dict[str, Any], index: int, G: int) -> list[dict[str, Any]] | _Failed:
         """Prompt ``index``'s ``G`` completions from ``server``: ``[{tokens, logprobs, finish, version}]``, or why not."""
-        what = f"{server.name} while {self.doing} (prompt {index}, {G} completions)"
+        action = f"{self.doing} (prompt {index}, {G} completions)"
         try:
-            answer = self._post(server, "/inference/v1/generate", body)
-        except _Failed as failed:
-            return _Failed(f"{what}: {failed}", failed.server_fault)
+            answer = call(server.url, "/inference/v1/generate", body, timeout_s=self.timeout_s, action=action,
+                          api_key=self.key)
+        except ServerCallError as failed:
+            if failed.kind == "refused" and "HTTP 401" in str(failed):
+                return _Failed(f"{failed} (the API key was refused: set {API_KEY_ENV} to the servers' --api-key)",
+                               server_fault=False)
+            # another refusal (4xx) is the request's fault (a prompt too long, a bad setting); 5xx the server's
+            return _Failed(str(failed), server_fault=failed.kind != "refused" or "HTTP 5" in str(failed))
+        what = f"{server.name} while {action}"
         try:
             choices = sorted(answer["choices"], key=lambda c: c["index"])
             if len(choices) != G:
@@ -261,35 +270,6 @@ class ServerEngine(RolloutEngine):
                          "dropped so far; it is taken back at a weight push once it answers /health again)"
                          if left else "No other server is left."), RuntimeWarning, stacklevel=3)
 
-    # -- HTTP ----------------------------------------------------------------------------------------------------
-    def _post(self, server: _Server, path: str, body: Any, timeout: float | None = None) -> Any:
-        """The decoded JSON answer; :class:`_Failed` otherwise (HTTP 4xx: the request's fault, with vLLM's message)."""
-        headers = {"Content-Type": "application/json"}
-        api_key = self.key if path.startswith(("/v1", "/inference")) else None
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        request = urllib.request.Request(server.url + path, data=json.dumps(body).encode(), headers=headers,
-                                         method="POST")
-        timeout = self.timeout_s if timeout is None else timeout
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                raw = response.read()
-        except urllib.error.HTTPError as exc:
-            detail = exc.read()[:300].decode(errors="replace")
-            if exc.code == 401:
-                raise _Failed(f"HTTP 401 {path}: the API key was refused (set {API_KEY_ENV} to the servers' "
-                              "--api-key)", server_fault=False) from None
-            raise _Failed(f"HTTP {exc.code} {path}: {detail}", server_fault=exc.code >= 500) from None
-        except (TimeoutError, urllib.error.URLError, ConnectionError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            if isinstance(reason, TimeoutError) or isinstance(exc, TimeoutError):
-                raise _Failed(f"no answer to {path} within {timeout:g} s") from None
-            raise _Failed(f"{path} failed: {reason}") from None
-        try:
-            return json.loads(raw)
-        except ValueError:
-            raise _Failed(f"{path} answered with something that is not JSON: {raw[:80]!r}") from None
-
     def _map(self, fn: Any, items: list[Any]) -> list[Any]:
         if self._threads is None:
             self._threads = ThreadPoolExecutor(max_workers=self.max_concurrency * len(self.servers),
@@ -299,10 +279,10 @@ class ServerEngine(RolloutEngine):
     def healthy(self, server: _Server) -> bool:
         """Whether ``server`` answers ``/health`` (within a few seconds)."""
         try:
-            with urllib.request.urlopen(server.url + "/health", timeout=min(5.0, self.timeout_s)) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError, ValueError):
+            call(server.url, "/health", timeout_s=min(5.0, self.timeout_s), action="checking it", method="GET")
+        except ServerCallError:
             return False
+        return True
 
     # -- weights -------------------------------------------------------------------------------------------------
     def push(self, policy: nn.Module, version: int, full: bool = False) -> None:
@@ -321,7 +301,9 @@ class ServerEngine(RolloutEngine):
             for _ in tensors if self._lora is None else ():
                 pass  # the gathers are collectives: every rank takes part; rank 0 alone sends
             return
-        named = dict(tensors)  # kept on rank 0 until every server has it (a failed server's retry re-sends)
+        # what a retry re-sends after a server failed: a sharded policy's gathered tensors are kept on rank 0 (its
+        # gathers were collectives, made once); a plain policy's are read again (one tensor held at a time)
+        named: Any = dict(tensors) if self._lora is not None or is_sharded(policy) else (lambda: hf_weights(policy))
         for server in self.servers:
             if not server.alive and self.healthy(server):
                 server.alive, server.cause = True, ""
@@ -330,43 +312,40 @@ class ServerEngine(RolloutEngine):
         while True:
             live = [s for s in self.servers if s.alive]
             if not live:
-                causes = "; ".join(f"{s.name}: {s.cause}" for s in self.servers)
+                causes = "; ".join(s.cause for s in self.servers)
                 raise ServerError(f"no generation server is left to push weights version {version} to ({causes})")
             try:
                 self._send(named, version, full, live)
                 return
-            except ServerError:
-                raise
-            except Exception as exc:  # a WeightSyncError names the server; drop it, form the group anew
-                failed = _named_server(exc, live)
+            except WeightSyncError as exc:  # it names the server to blame: drop it, form the group anew
+                self._members = []  # a failed push drops the group
+                failed = next((s for s in live if s.name == exc.server), None)
                 if failed is None or len(live) == 1:
                     raise ServerError(f"pushing weights version {version} to {', '.join(s.name for s in live)} "
                                       f"failed: {exc}") from exc
                 self._drop(failed, f"{failed.name} while pushing weights version {version}: {exc}", live)
                 full = True
 
-    def _send(self, named: dict[str, Tensor], version: int, full: bool, live: list[_Server]) -> None:
+    def _send(self, named: Any, version: int, full: bool, live: list[_Server]) -> None:
         urls = [s.url for s in live]
         if self._sync is None:
-            token = self.token  # first: a missing token is said before anything is imported or opened
-            from lit_rlft.rollout.weight_sync import WeightSync
-
+            token = self.token  # first: a missing token is said before anything is opened
             backend = self.backend
             if backend == "auto":
-                backend = "nccl" if any(t.is_cuda for t in named.values()) else "gloo"
+                backend = "nccl" if self._device.type == "cuda" else "gloo"
             self._sync = WeightSync(urls, self.rendezvous, token, api_key=self.key, backend=backend,
                                     timeout_s=self.timeout_s, bucket_bytes=self.bucket_mib * 2**20,
                                     changed_only=self.changed_only)
-        if urls != self._members:
+        if urls != self._members or not self._sync.connected:  # a failed push drops the group
             self._sync.connect(urls)
             self._members, full = urls, True
         if self._lora is not None:
             from lit_rlft.rollout.vllm import adapter_config_dict
 
             stats = self._sync.push_adapter(named, adapter_config_dict(self._lora), version)
-            self.lora_name = stats.lora_name
+            self.lora_name = LORA_NAME
         else:
-            stats = self._sync.push(named.items(), version, full=full)
+            stats = self._sync.push(named if callable(named) else list(named.items()), version, full=full)
         self.version = version
         self.last_sync_bytes, self.last_sync_s = stats.bytes, stats.seconds
 
@@ -396,10 +375,3 @@ class ServerEngine(RolloutEngine):
 def _version(label: str) -> int:
     """A server's weights version label as a number (-2: not one lit_rlft pushed, e.g. ``default`` after a restart)."""
     return int(label) if label.lstrip("-").isdigit() else -2
-
-
-def _named_server(exc: BaseException, live: list[_Server]) -> _Server | None:
-    """The server an error names (by host:port), if one."""
-    text = str(exc)
-    return next((s for s in live if s.name in text), None)
-

@@ -127,12 +127,13 @@ class FakeSync:
         self.members: list[str] = []
         self.pushes: list[tuple[int, bool, list[str]]] = []
         self.closed = 0
+        self.connected = False
 
     def connect(self, urls: list[str]) -> None:
-        self.members = list(urls)
+        self.members, self.connected = list(urls), True
 
     def push(self, named: Any, version: int, full: bool = False) -> Stats:
-        names = [n for n, _ in named]
+        names = [n for n, _ in (named() if callable(named) else named)]
         for server in self.servers:
             if any(server.url in m for m in self.members):
                 server.version = str(version)
@@ -141,6 +142,7 @@ class FakeSync:
 
     def close(self) -> None:
         self.closed += 1
+        self.connected = False
 
 
 class FakeServers:
