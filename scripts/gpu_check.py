@@ -27,7 +27,11 @@ time in ten, which gives groups reward variance), and checks, printing one line 
 7. a reward model on the GPU (``RewardModel``, bf16): a random Qwen2 sequence classifier of the check's size scores 512
    texts of 32-512 tokens in micro-batches of 16,384 tokens against one text at a time (goal: >= 10x), the scores
    agree with one-at-a-time forwards (bf16 tolerance), and peak memory grows with the token budget (4,096 /
-   16,384 / every text in one padded forward, TRL's way).
+   16,384 / every text in one padded forward, TRL's way);
+8. (GPU, with vLLM importable) a generation server: one ``lit-rlft serve`` server (``VLLMServer``) of the check's model
+   on the last GPU, three GRPO steps at depth 1 with ``ServerEngine`` (weights pushed over NCCL when the server has a
+   GPU of its own, over gloo into host memory when it shares the trainer's: NCCL refuses two ranks on one GPU):
+   finite losses, rows one step stale, the server's version equal to the step's, and the push time per step.
 
 Exit status 0 when every check passes.
 """
@@ -154,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         checks += math_recipe_steps(a.out)
     checks += async_depth_check(a, gpu)
     checks += reward_model_check(tiny, gpu)
+    checks += server_check(a, tiny, gpu)
 
     for name, ok, detail in checks:
         print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}")
@@ -233,6 +238,60 @@ def async_depth_check(a: argparse.Namespace, gpu: bool) -> list[tuple[str, bool,
              f"staleness per step {stale}; median step {pooled['0']:.3f} s at depth 0, {pooled['1']:.3f} s at depth 1 "
              f"({pooled['0'] / pooled['1']:.2f}x), generation share of the synchronous step "
              f"{data['generation_share']:.2f}")]
+
+
+def server_check(a: argparse.Namespace, tiny, gpu: bool) -> list[tuple[str, bool, str]]:
+    """Check 8: a vLLM server on a GPU, fed and synced by ``ServerEngine`` at depth 1 (skipped without vLLM)."""
+    import importlib.util
+    import math
+    import tempfile
+
+    import torch
+
+    if not gpu or importlib.util.find_spec("vllm") is None:
+        return [("generation server, depth 1", True, "skipped: needs a GPU and vLLM (pip install 'lit_rlft[vllm]')")]
+    from lit_rlft import CountdownTask, GenerationConfig, GRPOConfig, OptimConfig, PromptDataModule, build_step
+    from lit_rlft.models.export import save_hf_checkpoint
+    from lit_rlft.models.tiny import char_tokenizer, tiny_qwen2
+    from lit_rlft.rollout import ServerEngine, VLLMServer
+    from lit_rlft.step import TorchBackend, train
+    from lit_rlft.step.optim import configure_adamw
+
+    gpus = torch.cuda.device_count()
+    folder = tempfile.mkdtemp(prefix="lit_rlft_gpu_check_server_")
+    tok = char_tokenizer()
+    save_hf_checkpoint(tiny_qwen2(tok, tiny), folder)
+    tok.save_pretrained(folder)
+    backend = "nccl" if gpus > 1 else "gloo"
+    server = VLLMServer(folder, port=0, device="cuda", dtype="float32", gpu_memory_utilization=0.3,
+                        env={"CUDA_VISIBLE_DEVICES": str(gpus - 1)})
+    try:
+        server.start()
+        engine = ServerEngine([server.url], rendezvous="127.0.0.1:0", sync_token=server.sync_token, backend=backend)
+        config = GRPOConfig(model="tiny", tiny=tiny, engine=engine, reward_funcs=["lit_rlft.rewards.countdown_reward"],
+                            generation=GenerationConfig(num_generations=8, max_completion_length=64, async_depth=1),
+                            optim=OptimConfig(learning_rate=1e-5))
+        step = build_step(config)
+        step.policy.to("cuda:0")
+        data = PromptDataModule(train=CountdownTask(size=500, split="train"), answer_field=None, batch_size=16)
+        data.setup("fit")
+        step.bind(data)
+        opt = configure_adamw(step.policy, step.optim, total_steps=None)
+        outs = []
+        for out in train(step, TorchBackend(step.policy, opt["optimizer"], opt["lr_scheduler"]["scheduler"])):
+            outs.append(out)
+            if len(outs) == 3:
+                break
+    except Exception as exc:  # reported as a failed check, with the server's log
+        return [("generation server, depth 1", False, f"{type(exc).__name__}: {str(exc)[:300]} {server.log_tail(5)}")]
+    finally:
+        server.stop()
+    stale = [o.metrics["async/staleness/max"] for o in outs]
+    ok = all(math.isfinite(o.metrics["loss"]) for o in outs) and stale == [0, 1, 1] and \
+        engine.version == step.rollout_step
+    sync = [round(o.metrics["time/weight_sync_s"], 3) for o in outs]
+    return [("generation server, depth 1", ok, f"{backend} sync ({gpus} GPU(s)); staleness {stale}; push s per step "
+             f"{sync}; step s {[round(o.metrics['time/step_s'], 2) for o in outs]}")]
 
 
 def reward_model_check(tiny, gpu: bool) -> list[tuple[str, bool, str]]:

@@ -1,4 +1,5 @@
-"""The command line: ``lit-rlft fit | validate | sft | dots-adapters`` (LightningCLI), its one-line errors, the demo.
+"""The command line: ``lit-rlft fit | validate | sft | dots-adapters`` (LightningCLI), ``lit-rlft serve`` (a vLLM
+generation server), its one-line errors, the demo.
 
 ``python -m lit_rlft.cli fit ...`` is ``lit-rlft fit ...`` (what ``torchrun -m`` needs).
 """

@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> None:
                         lora_rank=args.lora_rank, cpu_threads_bind=args.cpu_threads_bind, extra_args=extra,
                         log=args.log, start_timeout_s=args.start_timeout)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the server on `kill` too
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # and on Ctrl-C, even when started with `&` (ignored)
     try:
         try:
             server.start()

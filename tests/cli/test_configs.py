@@ -101,3 +101,20 @@ def test_the_environment_configs_parse(capsys):
         with pytest.raises(SystemExit) as exc:
             main(["sft", "--config", str(CONFIGS / "envs" / warm_start), "--print_config"])
         assert exc.value.code == 0
+
+
+def test_the_servers_overlay_and_the_trainer_plus_servers_recipe_compose(capsys):
+    """configs/engines/servers.yaml makes the engine a ServerEngine; the SLURM recipe's trainer node divides the
+    batch by its 8 ranks and names the overlays it uses."""
+    cfg = _print_config(capsys, CONFIGS / "countdown_tiny.yaml", CONFIGS / "engines" / "servers.yaml")
+    engine = cfg["model"]["engine"]
+    assert engine["class_path"] == "lit_rlft.rollout.ServerEngine" and engine["init_args"]["urls"] == ["127.0.0.1:8001"]
+    cfg = _print_config(capsys, CONFIGS / "math_qwen2.5-math-1.5b.yaml", CONFIGS / "parallel" / "fsdp2_1x8.yaml",
+                        CONFIGS / "lora.yaml", CONFIGS / "strategies" / "paper_dps_replay.yaml")
+    ranks = cfg["trainer"]["devices"] * cfg["trainer"]["num_nodes"]
+    assert ranks == cfg["trainer"]["strategy"]["init_args"]["data_parallel_size"] == 8
+    assert cfg["data"]["batch_size"] % ranks == 0
+    script = (REPO / "scripts" / "slurm_trainer_plus_servers.sh").read_text()
+    for part in ("fsdp2_1x8.yaml", "lora.yaml", "paper_dps_replay.yaml", "lit_rlft.rollout.ServerEngine",
+                 "lit-rlft serve", "--sync-rendezvous", "LIT_RLFT_SYNC_TOKEN"):
+        assert part in script

@@ -191,7 +191,8 @@ def main() -> None:
     p.add_argument("--padding-free", action="store_true")
     p.add_argument("--loss", default="", help="GRPOLoss options, key=value,key=value")
     p.add_argument("--val", type=int, default=0, help="held-out prompts, evaluated every 2 steps (0: none)")
-    p.add_argument("--engine", choices=["hf", "vllm", "raise-on-rank-1"], default="hf")
+    p.add_argument("--engine", choices=["hf", "vllm", "raise-on-rank-1", "servers"], default="hf")
+    p.add_argument("--servers", default="", help="--engine servers: the stand-in servers, host:port,host:port")
     p.add_argument("--async-depth", type=int, default=0, help="model.generation.async_depth")
     p.add_argument("--env", choices=["none", "echo", "echo-rank0-stops"], default="none",
                    help="echo: multi-turn episodes with tests.distributed.helpers.EchoEnv (2 turns); echo-rank0-stops: "
@@ -222,6 +223,10 @@ def main() -> None:
         engine = VLLMEngine(dtype="float32", max_model_len=64, kv_cache_memory_bytes=32 * 2**20)
     elif a.engine == "raise-on-rank-1":
         engine = RaisingEngine()
+    elif a.engine == "servers":  # stand-in servers of the test (tests/rollout/fake_servers.py)
+        from lit_rlft.rollout import ServerEngine
+
+        engine = ServerEngine(a.servers.split(","), timeout_s=30.0)
     elif a.generation_batch_size:
         from lit_rlft.rollout.hf import HFEngine
 
@@ -264,6 +269,10 @@ def main() -> None:
         probe.finish(loop.fit(GRPOConfig(**settings), dm))
         return
     module = GRPOModule(**settings)
+    if a.engine == "servers":
+        from tests.rollout.fake_servers import HTTPFakeSync
+
+        module.grpo.source.engine._sync = HTTPFakeSync()
     if a.strategy == "fsdp2":
         from lightning.pytorch.strategies import ModelParallelStrategy
 

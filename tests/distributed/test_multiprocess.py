@@ -450,3 +450,26 @@ def test_episodes_on_two_ranks_agree_and_resume_exactly(runs, tmp_path):
     for rank in (0, 1):
         assert resumed[rank]["params"] == ranks[rank]["params"]
         assert resumed[rank]["steps"] == ranks[rank]["steps"][2:]  # same episodes, plans and selection states
+
+
+@pytest.mark.parametrize("layout", [["--callbacks", "dps,replay", "--async-depth", "1"],
+                                    ["--strategy", "fsdp2", "--lora", "--callbacks", "dps"]],
+                         ids=["ddp_depth1_dps_replay", "fsdp2_lora"])
+def test_two_ranks_with_generation_servers_split_the_batch_and_rank_0_alone_pushes(tmp_path, layout):
+    """Every rank asks the servers for its own slice (whole groups, split over two stand-in servers); rank 0 alone
+    pushes the weights (once before the first request, then once per step: not once per rank), every rank having
+    gathered its FSDP2 shards; the ranks stay in step and train disjoint halves of each batch."""
+    from tests.rollout.fake_servers import FakeServers
+
+    with FakeServers(2) as servers:
+        ranks = run(tmp_path, "--engine", "servers", "--servers", ",".join(servers.urls), "--steps", "4", *layout)
+        assert [s.pushes for s in servers.servers] == [5, 5]  # 1 + 4 steps, from rank 0 only
+        requests = sum(len(s.requests) for s in servers.servers)
+        assert requests >= 4 * 2 and all(s.requests for s in servers.servers)  # 4 steps x 2-4 fresh prompts
+    r0, r1 = ranks
+    assert r0["params"] == r1["params"], "parameters differ between ranks"
+    assert len(r0["steps"]) == len(r1["steps"]) == 4
+    for a, b in zip(r0["steps"], r1["steps"]):
+        assert a["callbacks"] == b["callbacks"] and a["plan"] == b["plan"] and a["budget"] == b["budget"]
+        assert not set(a["fresh"] + a["replayed"]) & set(b["fresh"] + b["replayed"])
+        assert sorted(a["fresh"] + a["replayed"] + b["fresh"] + b["replayed"]) == a["global"]

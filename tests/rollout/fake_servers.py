@@ -57,6 +57,7 @@ class FakeServer:
     version: str = "default"
     hang_s: float = 5.0
     requests: list[dict[str, Any]] = field(default_factory=list)
+    pushes: int = 0  # versions set through /lit_fake_version (HTTPFakeSync)
     httpd: ThreadingHTTPServer | None = None
     port: int = 0
 
@@ -80,6 +81,9 @@ class FakeServer:
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path == "/lit_fake_version":  # HTTPFakeSync's push
+                    server.version, server.pushes = str(body["version"]), server.pushes + 1
+                    return self._answer(200, {})
                 server.requests.append(body)
                 if server.mode == "unauthorized":
                     return self._answer(401, {"error": "Unauthorized"})
@@ -142,6 +146,31 @@ class FakeSync:
 
     def close(self) -> None:
         self.closed += 1
+        self.connected = False
+
+
+class HTTPFakeSync:
+    """The stand-in weight sync for trainer processes other than the servers' (several ranks): a push sets each
+    member's version over HTTP (``/lit_fake_version``)."""
+
+    def __init__(self) -> None:
+        self.members: list[str] = []
+        self.connected = False
+
+    def connect(self, urls: list[str]) -> None:
+        self.members, self.connected = list(urls), True
+
+    def push(self, named: Any, version: int, full: bool = False) -> Stats:
+        import urllib.request
+
+        names = [n for n, _ in (named() if callable(named) else named)]
+        for url in self.members:
+            request = urllib.request.Request(url + "/lit_fake_version", data=json.dumps({"version": version}).encode(),
+                                             headers={"Content-Type": "application/json"}, method="POST")
+            urllib.request.urlopen(request, timeout=10).read()
+        return Stats(bytes=0, tensors=len(names), seconds=0.0, full=full)
+
+    def close(self) -> None:
         self.connected = False
 
 

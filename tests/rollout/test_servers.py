@@ -201,3 +201,40 @@ def test_a_resumed_run_with_servers_trains_its_ledger_once(tmp_path):
         resumed = fit(tmp_path / "resumed", 4, ckpt_path=str(path))
         assert servers.sync.pushes[pushes][1] is True  # the restored weights go to the servers whole first
         assert first == full[:2] and resumed[0] == ledger[0][1] and resumed == full[2:]
+
+
+def test_before_the_first_push_the_engine_waits_for_the_servers_and_drops_one_that_never_answers(policy):
+    model, tok = policy
+    with FakeServers(2) as two:
+        late = two.servers[1]
+        late.kill()
+        engine = ServerEngine(two.urls, timeout_s=5.0, start_timeout_s=1.5)
+        engine.setup(model, tok)
+        engine._sync = two.sync
+        t0 = time.monotonic()
+        with pytest.warns(RuntimeWarning, match=rf"{late.url} did not answer /health within 1.5 s"):
+            engine.push(model, version=0)
+        assert 1.5 <= time.monotonic() - t0 < 5 and two.sync.members == [f"http://{two.servers[0].url}"]
+
+
+def test_episodes_refill_rounds_and_validation_go_through_the_servers():
+    """Multi-turn episodes (each turn a request), dynamic sampling's rounds and validation take the same path."""
+    from lit_rlft.callbacks import DynamicSamplingCallback
+    from tests.step.test_episodes_step import TwoTurns
+
+    with FakeServers(2) as servers:
+        step = build_step(tiny_config(reward_funcs=["lit_rlft.envs.environment_reward"], environment=TwoTurns(),
+                                      episodes={"max_turns": 2, "max_tokens": 80},
+                                      engine=ServerEngine(servers.urls, timeout_s=10.0)))
+        step.source.engine._sync = servers.sync
+        outs = _train(step, steps=2, callbacks=[DPSCallback(), DynamicSamplingCallback(max_rounds=2)])
+        turns = [len(r["token_ids"]) for s in servers.servers for r in s.requests]
+        assert outs[-1].metrics["episodes/turns_mean"] > 1.0 and len(set(turns)) > 1  # later turns: longer contexts
+        assert step.budget.by_purpose.get("dynamic_sampling", 0) + step.budget.by_purpose["train"] >= 2 * 16
+        before = sum(len(s.requests) for s in servers.servers)
+        data = countdown_dm(size=48, batch_size=4, val=True)
+        data.setup("fit")
+        step.bind(data)
+        metrics = step.validate(data.val_dataloader())
+        assert "val/accuracy" in metrics and sum(len(s.requests) for s in servers.servers) > before
+        step.close()
