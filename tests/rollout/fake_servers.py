@@ -130,6 +130,7 @@ class FakeSync:
         self.servers = servers
         self.members: list[str] = []
         self.pushes: list[tuple[int, bool, list[str]]] = []
+        self.adapters: list[tuple[int, list[str], dict[str, Any]]] = []
         self.closed = 0
         self.connected = False
 
@@ -143,6 +144,10 @@ class FakeSync:
                 server.version = str(version)
         self.pushes.append((version, full, names))
         return Stats(bytes=0, tensors=len(names), seconds=0.0, full=full)
+
+    def push_adapter(self, tensors: Any, config: dict[str, Any], version: int) -> Stats:
+        self.adapters.append((version, sorted(tensors), config))
+        return self.push([], version, full=False)
 
     def close(self) -> None:
         self.closed += 1

@@ -238,3 +238,20 @@ def test_episodes_refill_rounds_and_validation_go_through_the_servers():
         metrics = step.validate(data.val_dataloader())
         assert "val/accuracy" in metrics and sum(len(s.requests) for s in servers.servers) > before
         step.close()
+
+
+def test_a_lora_policy_with_adapter_sync_pushes_adapters_and_asks_for_them_by_name(policy):
+    from lit_rlft.models.loading import LoRAConfig, apply_lora
+
+    model, tok = policy
+    peft = apply_lora(model, LoRAConfig(r=4, alpha=8))
+    with FakeServers(1) as one:
+        engine = ServerEngine(one.urls, timeout_s=10.0, lora_sync="adapter")
+        engine.setup(peft, tok)
+        engine._sync = one.sync
+        engine.push(peft, version=0)
+        (version, names, config), = one.sync.adapters
+        assert version == 0 and names and all(".lora_A." in n or ".lora_B." in n for n in names)
+        assert config["r"] == 4 and not one.sync.pushes[0][2]  # no full weights
+        engine.generate(PROMPTS[:2], 2, SAMPLING, seed=1)
+        assert [r["model"] for r in one.servers[0].requests] == ["lit_rlft-policy"] * 2
