@@ -15,6 +15,13 @@ Notation: ``n`` rows of a micro-batch, ``P`` / ``L`` the batch's prompt / comple
   Both return log-probs in the ``[n, L]`` layout. A packed pass computes logits only at the ``sum_i l_i`` positions
   that predict completion tokens (``[1, sum_i l_i, V]``: a pre-hook on the output embedding gathers them), not at
   every position of every bin: prompts and bin tails cost no ``V``-wide logits.
+- Shared-prompt passes (``shared_prompt``, the grouped layout of Prefix Grouper): the rows of one group in a
+  micro-batch share one prompt, so each group becomes one segment ``[prompt, completion_1, ..., completion_k]`` in
+  which the prompt is computed once and each completion attends to the prompt and to itself only (a block mask,
+  positions continuing from the prompt in every completion). The ``k`` completions' gradients all reach the one
+  prompt. Segments are packed into bins as rows are; ``sum_groups (p_g + sum_i l_i)`` positions instead of
+  ``sum_i (p_i + l_i)`` (Countdown: 13 + 8 x 28 against 8 x 41 positions per group). It needs an attention that takes a
+  4-D mask (sdpa, eager: :func:`grouped_attention_supported`). Logits only at the completion-predicting positions.
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ from torch import Tensor, nn
 from lit_rlft.core.logprobs import completion_logprobs
 from lit_rlft.core.types import Rollouts
 
-__all__ = ["pack_rows", "padding_share", "sequence_logprobs", "token_budget_micro_batches"]
+__all__ = ["grouped_attention_supported", "pack_rows", "padding_share", "sequence_logprobs",
+           "token_budget_micro_batches"]
 
 
 def token_budget_micro_batches(rows: Tensor, prompt_lengths: Tensor, completion_lengths: Tensor, budget: int,
@@ -79,6 +87,7 @@ def padding_share(rollouts: Rollouts, micro_batches: list[Tensor], packed: bool,
 def sequence_logprobs(
     model: nn.Module, rollouts: Rollouts, rows: Tensor, temperature: float, device: torch.device | str,
     with_entropy: bool = False, packed: bool = False, trim: bool = False, entropy_grad: bool = False,
+    grouped: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token log-probs ``[n, L]`` (and entropy ``[n, L]``) of the completions at ``rows`` ``[n]`` under ``model``.
 
@@ -86,7 +95,10 @@ def sequence_logprobs(
     ``packed``: one padding-free sequence (see the module docstring); ``trim``: a padded pass cut to the rows' own
     longest prompt and completion. Both give the untrimmed pass's values up to float rounding; positions past a
     row's completion are 0. ``entropy_grad``: the entropy keeps its gradient (an entropy bonus in the loss).
+    ``grouped``: shared-prompt segments (see the module docstring; it takes precedence over ``packed`` and ``trim``).
     """
+    if grouped:
+        return _grouped_logprobs(model, rollouts, rows, temperature, device, with_entropy, entropy_grad)
     if packed:
         return _packed_logprobs(model, rollouts, rows, temperature, device, with_entropy, entropy_grad)
     prompt, comp = rollouts.prompt_tokens[rows], rollouts.completion_tokens[rows]  # [n, P], [n, L]
@@ -161,17 +173,22 @@ def _packed_logprobs(model: nn.Module, rollouts: Rollouts, rows: Tensor, tempera
     return logprobs, (entropy if with_entropy else None)
 
 
-def _logits_at(model: nn.Module, input_ids: Tensor, position_ids: Tensor, pos_b: Tensor, pos_t: Tensor) -> Tensor:
-    """Logits ``[1, K, V]`` at the ``K`` positions ``(pos_b[k], pos_t[k])`` of a ``[n_bins, C]`` packed forward.
+def _logits_at(model: nn.Module, input_ids: Tensor, position_ids: Tensor, pos_b: Tensor, pos_t: Tensor,
+               attention_mask: Tensor | None = None) -> Tensor:
+    """Logits ``[1, K, V]`` at the ``K`` positions ``(pos_b[k], pos_t[k])`` of a ``[n_bins, C]`` packed forward
+    (``attention_mask``: a 4-D ``[n_bins, 1, C, C]`` mask, True where a position may attend; None: the
+    block-diagonal causal mask transformers builds from restarting positions).
 
     A forward pre-hook on the model's output embedding (``get_output_embeddings()``, the ``lm_head``) gathers the
     hidden states ``[n_bins, C, H] -> [1, K, H]`` before the head runs, so only ``K`` rows of ``V`` logits are ever
     computed. The hook runs inside the model's own forward, so FSDP2 has the head's parameters gathered, and peft
     wrappers and tied embeddings are unaffected. A model without an output embedding gets the full logits, gathered.
     """
+    extra = {} if attention_mask is None else {"attention_mask": attention_mask}
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if not isinstance(head, nn.Module):
-        logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=0).logits
+        logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=0,
+                       **extra).logits
         return logits[pos_b, pos_t][None]  # [1, K, V]
 
     def gather(_module: nn.Module, args: tuple) -> tuple:
@@ -179,10 +196,99 @@ def _logits_at(model: nn.Module, input_ids: Tensor, position_ids: Tensor, pos_b:
 
     handle = head.register_forward_pre_hook(gather)
     try:
-        logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=0).logits
+        logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=0,
+                       **extra).logits
     finally:
         handle.remove()
     if logits.shape[:2] != (1, pos_b.numel()):
         raise RuntimeError(f"packed pass: the output embedding gave logits of shape {tuple(logits.shape)}, expected "
                            f"[1, {pos_b.numel()}, V]; the model's forward does not end with its output embedding")
     return logits
+
+
+#: Attention implementations that take a 4-D mask (transformers' names).
+_MASKED_ATTENTION = ("sdpa", "eager")
+
+
+def grouped_attention_supported(model: nn.Module) -> tuple[bool, str]:
+    """Whether shared-prompt passes can run on ``model`` (its attention takes a 4-D mask), and why not."""
+    from lit_rlft.models.sharding import hf_model
+
+    inner = model  # through data-parallel wrappers (DDP, Fabric's) to the policy
+    while isinstance(getattr(inner, "module", None), nn.Module) and not hasattr(inner, "config"):
+        inner = inner.module
+    config = getattr(hf_model(inner), "config", None)
+    implementation = getattr(config, "_attn_implementation", None)
+    if implementation in _MASKED_ATTENTION:
+        return True, ""
+    return False, (f"its attention implementation is {implementation!r}, which takes no 4-D mask (shared-prompt "
+                   f"passes need one of {', '.join(_MASKED_ATTENTION)})")
+
+
+def group_segments(rollouts: Rollouts, rows: Tensor) -> list[tuple[Tensor, list[tuple[int, Tensor]]]]:
+    """The shared-prompt segments of ``rows`` ``[n]``: per group (in order of first appearance), its prompt's real
+    tokens ``[p]`` and ``(position in rows, completion's real tokens [l_i])`` of its rows there. Rows of one group
+    whose prompts differ (not a GRPO batch) get segments of their own: sharing is never assumed, only found."""
+    G = rollouts.group_size
+    p_mask, c_mask = rollouts.prompt_mask[rows].bool(), rollouts.completion_mask[rows].bool()  # [n, P], [n, L]
+    prompts, comps = rollouts.prompt_tokens[rows], rollouts.completion_tokens[rows]
+    segments: dict[tuple[int, tuple[int, ...]], tuple[Tensor, list[tuple[int, Tensor]]]] = {}
+    for k, row in enumerate(rows.tolist()):
+        prompt = prompts[k][p_mask[k]]
+        key = (row // G, tuple(prompt.tolist()))
+        segments.setdefault(key, (prompt, []))[1].append((k, comps[k][c_mask[k]]))
+    return list(segments.values())
+
+
+def _grouped_logprobs(model: nn.Module, rollouts: Rollouts, rows: Tensor, temperature: float,
+                      device: torch.device | str, with_entropy: bool,
+                      entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
+    """Shared-prompt segments packed into bins (``[n_bins, C]``) with a block mask ``[n_bins, 1, C, C]``: in a segment
+    the prompt attends causally to itself, each completion to the whole prompt and causally to itself; positions
+    continue from the prompt in every completion, as in the per-row pass."""
+    segments = group_segments(rollouts, rows)
+    lengths = [len(p) + sum(len(c) for _, c in comps) for p, comps in segments]
+    bins = pack_rows(lengths)
+    capacity = max(lengths)
+    input_ids = torch.full((len(bins), capacity), rollouts.pad_id, dtype=torch.long)  # [n_bins, C]
+    position_ids = torch.zeros((len(bins), capacity), dtype=torch.long)  # [n_bins, C]
+    part = torch.full((len(bins), capacity), -1, dtype=torch.long)  # [n_bins, C] the prompt (0) or completion (1..)
+    segment = torch.full((len(bins), capacity), -1, dtype=torch.long)  # [n_bins, C] the segment id in its bin
+    where: list[tuple[int, int, int, int, int]] = []  # (row position k, bin, prompt's last position, start, length)
+    for b, members in enumerate(bins):
+        offset = 0
+        for s_id, g in enumerate(members):
+            prompt, comps = segments[g]
+            p = len(prompt)
+            input_ids[b, offset : offset + p] = prompt
+            position_ids[b, offset : offset + p] = torch.arange(p)
+            part[b, offset : offset + p], segment[b, offset : offset + p] = 0, s_id
+            start = offset + p
+            for j, (k, comp) in enumerate(comps, start=1):
+                n = len(comp)
+                input_ids[b, start : start + n] = comp
+                position_ids[b, start : start + n] = torch.arange(p, p + n)
+                part[b, start : start + n], segment[b, start : start + n] = j, s_id
+                if n:  # logits at the prompt's last token predict comp[0]; at comp[:-1], comp[1:]
+                    where.append((k, b, offset + p - 1, start, n))
+                start += n
+            offset = start
+    idx = torch.arange(capacity)
+    causal = idx[:, None] >= idx[None, :]  # [C, C]
+    same_segment = segment[:, :, None] == segment[:, None, :]  # [n_bins, C, C]
+    key_in_prompt_or_own = (part[:, None, :] == 0) | (part[:, :, None] == part[:, None, :])
+    mask = causal[None] & same_segment & key_in_prompt_or_own & (segment[:, :, None] >= 0)
+    mask |= torch.eye(capacity, dtype=torch.bool)[None]  # bin tails attend to themselves (no empty softmax)
+    where.sort()
+    pos_b = torch.cat([torch.full((n,), b) for _, b, _, _, n in where]).to(device)  # [sum l_i]
+    pos_t = torch.cat([torch.cat([torch.tensor([last]), torch.arange(start, start + n - 1)])
+                       for _, _, last, start, n in where]).to(device)  # [sum l_i]
+    targets = torch.cat([input_ids[b, start : start + n] for _, b, _, start, n in where])[None].to(device)
+    logits = _logits_at(model, input_ids.to(device), position_ids.to(device), pos_b, pos_t,
+                        attention_mask=mask[:, None].to(device))  # [1, sum l_i, V]
+    lp, ent = completion_logprobs(logits, targets, temperature, entropy_grad=entropy_grad)  # [1, sum l_i] each
+    shape = (len(rows), rollouts.completion_tokens.shape[1])
+    c_mask = rollouts.completion_mask[rows].bool().to(device)  # [n, L]; completions are a prefix of each row
+    logprobs = torch.zeros(shape, dtype=lp.dtype, device=device).masked_scatter(c_mask, lp[0])
+    entropy = torch.zeros(shape, dtype=ent.dtype, device=device).masked_scatter(c_mask, ent[0])
+    return logprobs, (entropy if with_entropy else None)

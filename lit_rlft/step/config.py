@@ -160,6 +160,12 @@ class OptimConfig:
     padding_free: bool = False
     """Packed training passes: a micro-batch's sequences concatenated without padding, positions restarting per
     sequence (TRL's ``padding_free``). Saves the padded positions' compute (``perf/padding_share``)."""
+    shared_prompt: bool | Literal["auto"] = False
+    """Shared-prompt passes: each group's prompt computed once per micro-batch, its completions attending to it (a
+    block mask; the grouped layout of Prefix Grouper), in the update's forward and backward and in the reference and
+    old-policy passes. Equal to the per-row pass up to float rounding. ``auto``: on where the model's attention takes
+    a 4-D mask (sdpa, eager); ``true`` falls back to the per-row pass with one warning where it does not. It pays
+    where prompts are long beside completions (multi-turn tool prompts, few-shot prompts)."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward instead of keeping them (HF's non-reentrant
     checkpointing): a fraction of the activation memory for about one more forward."""
@@ -178,6 +184,8 @@ class OptimConfig:
         if self.micro_batch_tokens is not None and self.micro_batch_size is not None:
             raise ValueError("model.optim: give micro_batch_size (sequences) or micro_batch_tokens (tokens), not both")
         check_schedule(self.lr_scheduler, None, "model.optim.lr_scheduler")  # its length is known at fit time
+        if self.shared_prompt not in (True, False, "auto"):
+            raise ValueError(f"model.optim.shared_prompt must be true, false or auto, got {self.shared_prompt!r}")
         if self.max_nonfinite_skips < 0:
             raise ValueError(f"model.optim.max_nonfinite_skips must be >= 0 (0 = never stop), got "
                              f"{self.max_nonfinite_skips}")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -40,7 +41,12 @@ from lit_rlft.core.entropy_control import AdaptiveEntropyCoef
 from lit_rlft.core.loss_masks import entropy_threshold
 from lit_rlft.core.losses import GRPOLoss, LossOutput
 from lit_rlft.core.types import Rollouts
-from lit_rlft.step.batching import padding_share, sequence_logprobs, token_budget_micro_batches
+from lit_rlft.step.batching import (
+    grouped_attention_supported,
+    padding_share,
+    sequence_logprobs,
+    token_budget_micro_batches,
+)
 from lit_rlft.step.config import OptimConfig
 
 __all__ = ["NonFiniteUpdateError", "PolicyUpdater", "TorchBackend", "UpdateBackend", "UpdateOutput", "clip_grad_norm",
@@ -139,6 +145,8 @@ class PolicyUpdater:
         self.micro_batch_size, self.micro_batch_tokens = o.micro_batch_size, o.micro_batch_tokens
         self.padding_free, self.max_grad_norm, self.max_nonfinite_skips = (o.padding_free, o.max_grad_norm,
                                                                            o.max_nonfinite_skips)
+        self.shared_prompt = o.shared_prompt
+        self._grouped: dict[int, bool] = {}  # id(model) -> whether its passes are shared-prompt ones
         self.entropy_control = AdaptiveEntropyCoef.from_loss(loss_fn)
         self.skips_in_a_row = 0
         self.skips_total = 0
@@ -190,7 +198,21 @@ class PolicyUpdater:
         temperature, padded or packed, trimmed): also what the reference model's pass uses."""
         return sequence_logprobs(model, rollouts, rows, self.temperature, device, with_entropy,
                                  packed=self.padding_free, trim=self.micro_batch_tokens is not None,
-                                 entropy_grad=entropy_grad)
+                                 entropy_grad=entropy_grad, grouped=self.grouped(model))
+
+    def grouped(self, model: nn.Module) -> bool:
+        """Whether ``model``'s passes share each group's prompt (``shared_prompt``, decided once per model: a model
+        whose attention takes no 4-D mask falls back to the per-row pass, with one warning)."""
+        if not self.shared_prompt:
+            return False
+        key = id(model)
+        if key not in self._grouped:
+            ok, why = grouped_attention_supported(model)
+            if not ok:
+                warnings.warn(f"model.optim.shared_prompt={self.shared_prompt!r}: {type(model).__name__} runs per-row "
+                              f"passes: {why}", UserWarning, stacklevel=3)
+            self._grouped[key] = ok
+        return self._grouped[key]
 
     # -- the update --------------------------------------------------------------------------------------------
     def update(

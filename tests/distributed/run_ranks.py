@@ -85,7 +85,8 @@ class Probe(StepCallback):
                                       if getattr(f, "sharded", False)],
                   "reward_forwards": [getattr(f, "num_forwards", 0) + getattr(f, "num_padding_forwards", 0)
                                       for f in getattr(step.rewards, "funcs", [])],
-                  "last_eval": step.last_validation}
+                  "last_eval": step.last_validation,
+                  "grouped": sorted(set(step.updater._grouped.values()))}  # whether the passes shared prompts
         (self.out / f"rank{self.rank}.json").write_text(json.dumps(result))
         if self.dump:
             torch.save({"rollouts": self.rollouts, "grads": self.grads, "before": self.before,
@@ -189,6 +190,7 @@ def main() -> None:
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--micro-batch-tokens", type=int, default=None)
     p.add_argument("--padding-free", action="store_true")
+    p.add_argument("--shared-prompt", action="store_true", help="model.optim.shared_prompt: true")
     p.add_argument("--loss", default="", help="GRPOLoss options, key=value,key=value")
     p.add_argument("--val", type=int, default=0, help="held-out prompts, evaluated every 2 steps (0: none)")
     p.add_argument("--engine", choices=["hf", "vllm", "raise-on-rank-1", "servers"], default="hf")
@@ -238,7 +240,8 @@ def main() -> None:
         loss=GRPOLoss(**dict(_option(kv) for kv in a.loss.split(",") if kv)),
         optim=OptimConfig(learning_rate=1e-3, micro_batch_size=a.micro_batch_size,
                           gradient_checkpointing=a.gradient_checkpointing,
-                          micro_batch_tokens=a.micro_batch_tokens, padding_free=a.padding_free),
+                          micro_batch_tokens=a.micro_batch_tokens, padding_free=a.padding_free,
+                          shared_prompt=a.shared_prompt),
         lora=LoRAConfig(r=4, alpha=8) if a.lora else None,
     )
     if a.env != "none":

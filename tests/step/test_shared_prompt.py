@@ -1,0 +1,139 @@
+"""Shared-prompt passes (``model.optim.shared_prompt``): each group's prompt computed once per micro-batch, its
+completions attending to it. Against the per-row pass: the same log-probs and entropies, and for every loss type and
+aggregation, micro-batched by rows and by tokens, with KL, replayed groups, groups of different sizes, multi-turn
+observations, gradient checkpointing and LoRA, the same loss and gradient of every parameter.
+
+Tolerance: 1e-5 relative (per tensor), against rounding: the grouped forward sums attention over other key sets and
+reduces in other shapes than the per-row one (measured: 5e-7 on a log-prob, 1.1e-6 relative on a gradient; float32,
+CPU). The 2-rank versions (DDP; FSDP2 with checkpointing) are in tests/distributed/test_multiprocess.py.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from lit_rlft.core.losses import GRPOLoss
+from lit_rlft.models.loading import LoRAConfig
+from lit_rlft.step.batching import group_segments, sequence_logprobs
+from lit_rlft.step.config import OptimConfig
+from lit_rlft.step.update import PolicyUpdater
+from tests.step.test_batching import _assert_same, _grads, _policy, _rollouts
+
+RTOL = 1e-5
+
+
+def test_log_probs_and_entropies_equal_the_per_row_pass_in_any_row_order():
+    policy, roll = _policy().eval(), _rollouts(B=4, G=3)
+    m = roll.completion_mask.bool()
+    for rows in (torch.arange(12), torch.tensor([4, 0, 11, 3, 5, 1, 9]), torch.tensor([7])):
+        with torch.no_grad():
+            per_row, ent = sequence_logprobs(policy, roll, rows, 0.8, "cpu", with_entropy=True)
+            grouped, ent_g = sequence_logprobs(policy, roll, rows, 0.8, "cpu", with_entropy=True, grouped=True)
+        mr = m[rows]
+        torch.testing.assert_close(grouped[mr], per_row[mr], rtol=RTOL, atol=1e-6)
+        torch.testing.assert_close(ent_g[mr], ent[mr], rtol=RTOL, atol=1e-6)
+        assert (grouped[~mr] == 0).all()
+
+
+def test_each_group_s_prompt_is_computed_once_and_logits_only_where_completions_are_predicted():
+    policy, roll = _policy().eval(), _rollouts(B=2, G=3)
+    inputs: list[torch.Tensor] = []
+    heads: list[tuple[int, ...]] = []
+    h1 = policy.get_input_embeddings().register_forward_pre_hook(lambda m, a: inputs.append(a[0]))
+    h2 = policy.get_output_embeddings().register_forward_hook(lambda m, a, out: heads.append(tuple(out.shape)))
+    rows = torch.arange(3)  # one group: one segment, one bin
+    with torch.no_grad():
+        sequence_logprobs(policy, roll, rows, 1.0, "cpu", grouped=True)
+    h1.remove()
+    h2.remove()
+    p = int(roll.prompt_mask[0].sum())
+    lengths = roll.completion_mask[rows].sum(1)
+    assert tuple(inputs[0].shape) == (1, p + int(lengths.sum()))  # the prompt once: p + sum l_i positions
+    assert heads == [(1, int(lengths.sum()), policy.get_output_embeddings().weight.shape[0])]
+    (prompt, comps), = group_segments(roll, rows)
+    assert len(prompt) == p and [k for k, _ in comps] == [0, 1, 2]
+    other = roll.prompt_tokens.clone()
+    other[1, -1] += 1  # row 1's prompt differs from its group's: a segment of its own
+    roll.prompt_tokens = other
+    assert [[k for k, _ in comps] for _, comps in group_segments(roll, rows)] == [[0, 2], [1]]
+
+
+LOSSES = {
+    "grpo": GRPOLoss(loss_type="grpo"),
+    "dapo": GRPOLoss(loss_type="dapo"),
+    "dr_grpo+kl": GRPOLoss(loss_type="dr_grpo", max_completion_length=12, beta=0.04),
+    "bnpo": GRPOLoss(loss_type="bnpo"),
+    "cispo": GRPOLoss(loss_type="cispo"),
+    "sapo": GRPOLoss(loss_type="sapo"),
+    "luspo": GRPOLoss(loss_type="luspo"),
+    "vespo": GRPOLoss(loss_type="vespo"),
+    "gspo": GRPOLoss(loss_type="grpo", importance_sampling_level="sequence"),
+    "dapo+entropy": GRPOLoss(loss_type="dapo", entropy_coef=0.05, top_entropy_quantile=0.5),
+}
+
+
+@pytest.mark.parametrize("micro", ["rows", "tokens"])
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_the_update_equals_the_per_row_one_for_every_loss(name, micro):
+    """Replayed groups among the fresh ones; two iterations of two mini-batches (so pi_old comes from its own pass and
+    groups are cut across micro-batches); the KL's reference pass grouped too."""
+    loss = LOSSES[name]
+    roll = _rollouts(B=4, G=3, replay=True)
+    split = {"micro_batch_size": 4} if micro == "rows" else {"micro_batch_tokens": 60}
+    options = dict(num_iterations=2, num_mini_batches=2, **split)
+    per_row = _grads(PolicyUpdater(loss, 1.0, **options), roll, ref=loss.beta > 0)
+    grouped = _grads(PolicyUpdater(loss, 1.0, shared_prompt=True, **options), roll, ref=loss.beta > 0)
+    _assert_same(per_row, grouped, rtol=RTOL)
+
+
+@pytest.mark.parametrize("kw", [{"gradient_checkpointing": True}, {"lora": LoRAConfig(r=4, alpha=8)},
+                                {"lora": LoRAConfig(r=4, alpha=8), "gradient_checkpointing": True}],
+                         ids=["checkpointing", "lora", "lora+checkpointing"])
+def test_the_update_equals_the_per_row_one_with_checkpointing_and_lora(kw):
+    roll, loss = _rollouts(), GRPOLoss(loss_type="dapo")
+    per_row = _grads(PolicyUpdater(loss, 1.0, micro_batch_size=6), roll, **kw)
+    grouped = _grads(PolicyUpdater(loss, 1.0, micro_batch_size=6, shared_prompt=True), roll, **kw)
+    _assert_same(per_row, grouped, rtol=RTOL)
+
+
+def test_the_update_equals_the_per_row_one_with_groups_of_different_sizes_and_observations():
+    """Groups of 3, 1, 2 and 3 real completions (padding rows never passed), and completions holding observation
+    tokens (attended to, left out of the loss)."""
+    from tests.step.test_ragged import ragged_batch
+
+    roll = ragged_batch()
+    G = roll.group_size
+    for b in range(roll.num_groups):  # a GRPO batch: a group's rows share its prompt
+        roll.prompt_tokens[b * G : (b + 1) * G] = roll.prompt_tokens[b * G]
+    policy_mask = roll.completion_mask.clone()
+    policy_mask[:, 2:4] = 0  # an observation inside every completion: context, not loss
+    roll.policy_mask = policy_mask * roll.completion_mask
+    loss = GRPOLoss(loss_type="dapo")
+    per_row = _grads(PolicyUpdater(loss, 1.0, micro_batch_size=4), roll)
+    grouped = _grads(PolicyUpdater(loss, 1.0, micro_batch_size=4, shared_prompt=True), roll)
+    _assert_same(per_row, grouped, rtol=RTOL)
+
+
+def test_a_model_whose_attention_cannot_group_falls_back_with_one_warning(monkeypatch):
+    loss = GRPOLoss(loss_type="dapo")
+    policy = _policy().train()
+    monkeypatch.setattr(policy.config, "_attn_implementation", "flash_attention_2")
+    updater = PolicyUpdater(loss, 1.0, shared_prompt="auto")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert updater.grouped(policy) is False and updater.grouped(policy) is False
+    assert [str(w.message) for w in caught if "shared_prompt" in str(w.message)] == [
+        "model.optim.shared_prompt='auto': Qwen2ForCausalLM runs per-row passes: its attention implementation is "
+        "'flash_attention_2', which takes no 4-D mask (shared-prompt passes need one of sdpa, eager)"]
+    monkeypatch.setattr(policy.config, "_attn_implementation", "sdpa")
+    assert PolicyUpdater(loss, 1.0, shared_prompt="auto").grouped(policy) is True
+    assert PolicyUpdater(loss, 1.0).grouped(policy) is False  # off by default: the per-row pass, bit for bit
+
+
+def test_the_option_takes_true_false_or_auto():
+    assert OptimConfig(shared_prompt="auto").shared_prompt == "auto"
+    with pytest.raises(ValueError, match="model.optim.shared_prompt must be true, false or auto"):
+        OptimConfig(shared_prompt="yes")
