@@ -59,6 +59,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 B, G, MAX_NEW = 16, 8, 32
+#: The sides a run can compare: lit_rlft (per-row passes), lit_rlft with shared-prompt passes, TRL.
+SIDES = ("lit", "lit_shared", "trl")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -85,13 +87,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reward", default="countdown", choices=["countdown", "coin"],
                    help="countdown (0 for an untrained policy) or coin flips (reward variance in every batch)")
     p.add_argument("--bf16", action="store_true", help="bf16-mixed on both sides (GPU)")
+    p.add_argument("--prompt-prefix-tokens", type=int, default=0,
+                   help="a fixed text of this many characters (tokens, for the tiny model) before every prompt, on "
+                        "both sides: a long-prompt step (few-shot or tool instructions)")
+    p.add_argument("--no-shared-prefill", action="store_true",
+                   help="lit_rlft's HF engine prefills every row (its default prefills each group's prompt once)")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "step_time_vs_trl.json"))
     args = p.parse_args(argv)
     if args.steps <= args.warmup:
         p.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
     args.order = [s.strip() for s in args.order.split(",")]
-    if sorted(args.order) not in (["lit", "trl"], ["lit"], ["trl"]):
-        p.error("--order must be lit,trl or trl,lit (or one side alone: lit | trl)")
+    if not args.order or len(set(args.order)) < len(args.order) or set(args.order) - set(SIDES) or (
+            len(args.order) > 1 and "trl" not in args.order):
+        p.error(f"--order: sides from {', '.join(SIDES)}, each at most once, TRL among them when there are several "
+                f"(lit_shared: lit_rlft with model.optim.shared_prompt=true); got {args.order}")
     return args
 
 
@@ -175,7 +184,16 @@ def make_datamodule(args: argparse.Namespace):
     from lit_rlft.data import CountdownTask, PromptDataModule
 
     task = CountdownTask(size=args.pool_size, num_numbers=[2, 3, 4], split="train", seed=0)
-    return PromptDataModule(train=task, answer_field=None, batch_size=B)
+    return PromptDataModule(train=task, answer_field=None, batch_size=B, prompt_prefix=prompt_prefix(args))
+
+
+def prompt_prefix(args: argparse.Namespace) -> str:
+    """``--prompt-prefix-tokens`` characters of worked Countdown examples, the same before every prompt."""
+    if not args.prompt_prefix_tokens:
+        return ""
+    shot = "Use each number once to reach the target. 12 7 3>81=(12-3)*9 wrong: 7 is not 9; (12-3)*7+18 no; "
+    text = (shot * (args.prompt_prefix_tokens // len(shot) + 1))[: args.prompt_prefix_tokens - 1]
+    return text + "\n"
 
 
 def planned_batches(args: argparse.Namespace, tokenizer: Any) -> list[dict[str, list[Any]]]:
@@ -190,10 +208,12 @@ def planned_batches(args: argparse.Namespace, tokenizer: Any) -> list[dict[str, 
     return out
 
 
-def run_lit(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[Any]]]) -> dict[str, Any]:
+def run_lit(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[Any]]],
+            shared_prompt: bool = False) -> dict[str, Any]:
     import lightning as L
 
     from lit_rlft import GenerationConfig, GRPOLoss, GRPOModule, OptimConfig
+    from lit_rlft.rollout import HFEngine
 
     class Timer(L.Callback):
         def __init__(self) -> None:
@@ -222,7 +242,7 @@ def run_lit(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[
             if i < len(plan) and list(outputs["rollouts"].prompts) != plan[i]["prompt"]:
                 self.prompts_ok = False
 
-    engine = None
+    engine = HFEngine(shared_prefill=not args.no_shared_prefill)
     if args.engine == "vllm":
         from lit_rlft.rollout.vllm import VLLMEngine
 
@@ -235,7 +255,8 @@ def run_lit(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[
         generation=GenerationConfig(num_generations=G, max_completion_length=MAX_NEW, temperature=1.0),
         loss=GRPOLoss(loss_type=args.loss_type, beta=0.0),
         optim=OptimConfig(learning_rate=1e-5, adam_betas=(0.9, 0.99), num_iterations=1, max_grad_norm=1.0,
-                          gradient_checkpointing=args.gradient_checkpointing, padding_free=args.padding_free),
+                          gradient_checkpointing=args.gradient_checkpointing, padding_free=args.padding_free,
+                          shared_prompt=shared_prompt),
         scale_rewards=args.scale_rewards,
     )
     timer = Timer()
@@ -424,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     work = tempfile.mkdtemp(prefix="step_time_vs_trl_")
     if args.model == "tiny":
         size = {k: v for k, v in (("hidden_size", args.hidden), ("num_hidden_layers", args.layers)) if v}
+        size["max_position_embeddings"] = max(256, 2 * (args.prompt_prefix_tokens + 16 + args.max_new_tokens))
         if args.hidden:
             size.update(intermediate_size=4 * args.hidden, num_attention_heads=max(1, args.hidden // 64),
                         num_key_value_heads=max(1, args.hidden // 64))
@@ -439,8 +461,8 @@ def main(argv: list[str] | None = None) -> int:
         for side in args.order:
             torch.set_num_threads(args.threads)
             t0 = time.perf_counter()
-            if side == "lit":
-                raw = run_lit(args, model_dir, plan)
+            if side != "trl":
+                raw = run_lit(args, model_dir, plan, shared_prompt=side == "lit_shared")
             else:
                 raw = run_trl(args, model_dir, plan, str(Path(work) / f"trl_{r}"))
             raw["wall_s"] = time.perf_counter() - t0
@@ -483,42 +505,47 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps(overall[side]))
         return 0
-    ratio = overall["lit"]["median_step_s"] / overall["trl"]["median_step_s"]
-    ratio_period = overall["lit"]["median_period_s"] / overall["trl"]["median_period_s"]
-    round_ratios = [e["lit"]["summary"]["median_step_s"] / e["trl"]["summary"]["median_step_s"] for e in rounds]
-
+    lits = [side for side in args.order if side != "trl"]
+    ratios = {side: overall[side]["median_step_s"] / overall["trl"]["median_step_s"] for side in lits}
+    ratios_period = {side: overall[side]["median_period_s"] / overall["trl"]["median_period_s"] for side in lits}
+    round_ratios = {side: [e[side]["summary"]["median_step_s"] / e["trl"]["summary"]["median_step_s"]
+                           for e in rounds] for side in lits}
+    names = {"lit": "lit_rlft", "lit_shared": "lit_rlft shared prompt", "trl": "TRL"}
+    sides = lits + ["trl"]
     lines = [
-        "| round | lit_rlft step (s) | TRL step (s) | ratio | lit_rlft generation (s, share) | TRL generation (s, share) |",
-        "|---|---|---|---|---|---|",
+        "| round | " + " | ".join(f"{names[x]} step (s)" for x in sides) + " | "
+        + " | ".join(f"ratio {names[x]} / TRL" for x in lits) + " | "
+        + " | ".join(f"{names[x]} generation (s, share)" for x in sides) + " |",
+        "|---" * (1 + 2 * len(sides) + len(lits)) + "|",
     ]
-    for e, rr in zip(rounds, round_ratios):
-        a, b = e["lit"]["summary"], e["trl"]["summary"]
-        lines.append(
-            f"| {e['round']} | {a['median_step_s']:.3f} | {b['median_step_s']:.3f} | {rr:.2f} | "
-            f"{a['median_generation_s']:.3f} ({a['median_generation_share']:.2f}) | "
-            f"{b['median_generation_s']:.3f} ({b['median_generation_share']:.2f}) |"
-        )
-    a, b = overall["lit"], overall["trl"]
-    lines.append(
-        f"| **all** ({a['n_steps']} + {b['n_steps']} steps) | **{a['median_step_s']:.3f}** | **{b['median_step_s']:.3f}** | "
-        f"**{ratio:.2f}** | {a['median_generation_s']:.3f} ({a['median_generation_share']:.2f}) | "
-        f"{b['median_generation_s']:.3f} ({b['median_generation_share']:.2f}) |"
-    )
-    lines.append(
-        f"| period (step end to step end) | {a['median_period_s']:.3f} | {b['median_period_s']:.3f} | {ratio_period:.2f} | | |"
-    )
+
+    def row(label: str, summaries: list[dict[str, Any]], ratio_cells: list[float], bold: bool = False) -> str:
+        b = "**" if bold else ""
+        return (f"| {label} | " + " | ".join(f"{b}{x['median_step_s']:.3f}{b}" for x in summaries) + " | "
+                + " | ".join(f"{b}{r:.2f}{b}" for r in ratio_cells) + " | "
+                + " | ".join(f"{x['median_generation_s']:.3f} ({x['median_generation_share']:.2f})" for x in summaries)
+                + " |")
+
+    for i, e in enumerate(rounds):
+        lines.append(row(str(e["round"]), [e[x]["summary"] for x in sides], [round_ratios[x][i] for x in lits]))
+    counts = " + ".join(str(overall[x]["n_steps"]) for x in sides)
+    lines.append(row(f"**all** ({counts} steps)", [overall[x] for x in sides], [ratios[x] for x in lits], bold=True))
+    lines.append("| period (step end to step end) | " + " | ".join(f"{overall[x]['median_period_s']:.3f}" for x in sides)
+                 + " | " + " | ".join(f"{ratios_period[x]:.2f}" for x in lits) + " |" + " |" * len(sides))
     table = "\n".join(lines)
-    lit_len = statistics.mean(e["lit"]["summary"]["mean_completion_length"] for e in rounds)
-    trl_len = statistics.mean(e["trl"]["summary"]["mean_completion_length"] for e in rounds)
-    prompts_ok = all(e[s]["raw"]["prompts_match_plan"] for e in rounds for s in ("lit", "trl"))
-    threads = sorted({t for e in rounds for s in ("lit", "trl") for t in e[s]["raw"]["threads_seen"]})
+    lengths = {x: statistics.mean(e[x]["summary"]["mean_completion_length"] for e in rounds) for x in sides}
+    prompts_ok = all(e[x]["raw"]["prompts_match_plan"] for e in rounds for x in sides)
+    threads = sorted({t for e in rounds for x in sides for t in e[x]["raw"]["threads_seen"]})
+    prompt_tokens = statistics.mean(len(t) for batch in plan for t in batch["_tokens"])
     print()
     print(table)
     print()
-    print(f"ratio lit_rlft / TRL (median step): {ratio:.3f}; per round: {', '.join(f'{x:.2f}' for x in round_ratios)}")
+    for x in lits:
+        print(f"ratio {names[x]} / TRL (median step): {ratios[x]:.3f}; per round: "
+              f"{', '.join(f'{r:.2f}' for r in round_ratios[x])}")
     print(f"same prompts on both sides, every step: {prompts_ok}; torch threads seen in steps: {threads}")
-    print(f"mean completion length up to the first EOS: lit_rlft {lit_len:.1f}, TRL {trl_len:.1f} "
-          f"(max {MAX_NEW} new tokens, {B * G} completions per step)")
+    print("mean completion length up to the first EOS: " + ", ".join(f"{names[x]} {lengths[x]:.1f}" for x in sides)
+          + f" (max {MAX_NEW} new tokens, {B * G} completions per step, prompts of {prompt_tokens:.0f} tokens)")
 
     result = {
         "command": "python benchmarks/step_time_vs_trl.py " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -529,7 +556,8 @@ def main(argv: list[str] | None = None) -> int:
             "rounds": args.rounds, "order": args.order, "threads": args.threads, "pool_size": args.pool_size,
             "model": (f"tiny Qwen2 (lit_rlft.models.tiny.TinyConfig()), {n_params} parameters, float32"
                       if args.model == "tiny" else f"{args.model}, {n_params} parameters, float32"),
-            "lit_rlft_engine": args.engine,
+            "lit_rlft_engine": args.engine, "lit_rlft_shared_prefill": not args.no_shared_prefill,
+            "prompt_prefix_tokens": args.prompt_prefix_tokens, "mean_prompt_tokens": prompt_tokens,
             "trl_optimizer": rounds[0]["trl"]["raw"]["optimizer"],
         },
         "environment": {
@@ -539,10 +567,10 @@ def main(argv: list[str] | None = None) -> int:
         },
         "same_prompts": prompts_ok,
         "threads_seen": threads,
-        "mean_completion_length": {"lit": lit_len, "trl": trl_len},
+        "mean_completion_length": lengths,
         "overall": overall,
-        "ratio_lit_over_trl": ratio,
-        "ratio_lit_over_trl_period": ratio_period,
+        "ratio_over_trl": ratios,
+        "ratio_over_trl_period": ratios_period,
         "round_ratios": round_ratios,
         "rounds": rounds,
         "table_markdown": table,

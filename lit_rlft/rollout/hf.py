@@ -7,11 +7,14 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from transformers import LogitsProcessor, LogitsProcessorList
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from lit_rlft.core.distributed import split_to
 from lit_rlft.core.types import left_pad, pad_to
 from lit_rlft.models.sharding import hf_model
 from lit_rlft.rollout.base import FinishReason, GenerationOutput, RolloutEngine, SamplingConfig, stop_token_ids
+from lit_rlft.rollout.kv_cache import ReservedCache
 
 
 class HFEngine(RolloutEngine):
@@ -43,14 +46,31 @@ class HFEngine(RolloutEngine):
             per-call overhead more often (16-64 is a sensible range). Sharded (FSDP), the ranks agree before every
             window whether any of them still generates (one all-reduce); a rank that is done runs a throw-away
             one-row window meanwhile.
-        return_logprobs: also return the sampling distribution's per-token log-probs. This keeps every step's
-            processed scores (``[n, V]`` per token) until the end of ``generate``: fine for small models, far too
-            much memory for a real vocabulary and long completions. GRPOModule does not need them (it computes
-            pi_old with a forward pass), so the default is off and ``GenerationOutput.logprobs`` is ``None``.
+        return_logprobs: also return the sampling distribution's per-token log-probs (temperature, top-k and top-p
+            applied: the distribution each token was drawn from). They are gathered at every decode step, so the
+            memory is one ``[n, V]`` distribution at a time and ``[n, L]`` log-probs, never ``generate``'s
+            ``[n, L, V]`` scores. GRPOModule does not need them unless it runs asynchronously or corrects the
+            engine's mismatch (it computes pi_old with a forward pass), so the default is off and
+            ``GenerationOutput.logprobs`` is ``None``.
+        shared_prefill: prefill each group's prompt once and share its KV cache among the group's ``G`` samples
+            (on by default). The rows of a ``generate`` call that hold the same prompt (a group, or the part of it
+            the call holds) are prefilled as one row, all but the prompt's last token, and the cache is copied to
+            the ``G`` rows before decoding; ``generate`` then starts from the last prompt token. Same seed, the same
+            tokens as with it off; log-probs equal within float rounding (the last prompt position is computed over
+            the cache instead of inside the whole prompt's pass). Saves ``(G - 1) / G`` of the prefill; the decode
+            steps, which dominate short prompts, cost the same. vLLM does this by itself (its prefix cache).
+            Not with ``static_cache`` (``generate`` builds that cache itself).
+        static_cache: decode into a preallocated KV cache (transformers' ``cache_implementation="static"``)
+            instead of one that grows by a copy every step (on this CPU, ``DynamicCache``'s concatenation is about
+            40% of a tiny policy's decoding time), and compile the decode step with ``torch.compile`` (transformers'
+            ``CompileConfig``, on every device): the first call of every new shape (rows, prompt width) compiles
+            (about 30 s for the tiny policy on 2 cores), later ones reuse it. Off by default; see
+            ``benchmarks/hf_generation.py`` for when it pays. Not with ``drop_finished_every``.
     """
 
     def __init__(self, max_batch_size: int | None = None, return_logprobs: bool = False,
-                 max_batch_tokens: int | None = None, drop_finished_every: int | None = None):
+                 max_batch_tokens: int | None = None, drop_finished_every: int | None = None,
+                 shared_prefill: bool = True, static_cache: bool = False):
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"HFEngine: max_batch_size must be >= 1 or null, got {max_batch_size}")
         if max_batch_tokens is not None and max_batch_tokens < 1:
@@ -61,6 +81,11 @@ class HFEngine(RolloutEngine):
         self.max_batch_tokens = max_batch_tokens
         self.drop_finished_every = drop_finished_every
         self.return_logprobs = return_logprobs
+        if static_cache and drop_finished_every is not None:
+            raise ValueError("HFEngine: static_cache and drop_finished_every do not combine (rows leave a dynamic "
+                             "cache between windows); choose one")
+        self.static_cache = static_cache
+        self.shared_prefill = shared_prefill and not static_cache
         self.model: nn.Module | None = None
         self.pad_token_id = 0
         self.eos_token_ids: list[int] = []
@@ -140,16 +165,21 @@ class HFEngine(RolloutEngine):
     ) -> tuple[Tensor, Tensor, Tensor | None, list[FinishReason]]:
         device = next(self.model.parameters()).device
         input_ids, attn = left_pad(rows, self.pad_token_id)  # [n, P] each
+        if self.shared_prefill and input_ids.shape[1] < 2:  # one prompt token: a padding column leaves a prefix
+            input_ids, attn = pad_left(input_ids, self.pad_token_id), pad_left(attn, 0)
+        input_ids, attn = input_ids.to(device), attn.to(device)
         was_training = self.model.training
         self.model.eval()
         try:
+            cache = self._new_cache(sampling.max_new_tokens)
+            if self.shared_prefill:
+                cache = self._prefill(input_ids, attn, cache)
             if self.drop_finished_every is None:
-                out = self.model.generate(input_ids=input_ids.to(device), attention_mask=attn.to(device),
-                                          **self._generate_kwargs(sampling, sampling.max_new_tokens))
-                completion = out.sequences[:, input_ids.shape[1]:].cpu()  # [n, L]
-                scores = torch.stack(out.scores, dim=1).float().cpu() if self.return_logprobs else None  # [n, L, V]
+                completion, logprobs, _ = self._sample(input_ids, attn, cache, sampling, sampling.max_new_tokens)
+                completion = completion.cpu()  # [n, L]
+                logprobs = logprobs.cpu() if logprobs is not None else None  # [n, L]
             else:
-                completion, scores = self._generate_dropping_finished(input_ids.to(device), attn.to(device), sampling)
+                completion, logprobs = self._generate_dropping_finished(input_ids, attn, cache, sampling)
         finally:
             self.model.train(was_training)
         is_eos = torch.isin(completion, torch.tensor(self.eos_token_ids))
@@ -157,21 +187,91 @@ class HFEngine(RolloutEngine):
         after_eos = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
         mask = (~after_eos).long()
         completion = torch.where(mask.bool(), completion, torch.full_like(completion, self.pad_token_id))
-        logprobs = None
-        if scores is not None:
-            # Processed scores = the distribution actually sampled from (temperature, top-p applied).
-            logprobs = torch.log_softmax(scores, dim=-1).gather(-1, completion.unsqueeze(-1)).squeeze(-1)
+        if logprobs is not None:
             logprobs = torch.where(mask.bool(), logprobs, torch.zeros_like(logprobs))
         reasons: list[FinishReason] = ["stop" if e else "length" for e in is_eos.any(dim=1).tolist()]
         return completion, mask, logprobs, reasons
 
-    def _generate_kwargs(self, sampling: SamplingConfig, max_new_tokens: int) -> dict[str, Any]:
-        """``model.generate``'s settings: plain sampling from the policy, whatever its generation config says."""
+    def _new_cache(self, max_new_tokens: int) -> Any:
+        """An empty KV cache with room for the prompt and ``max_new_tokens`` (:class:`ReservedCache`: each decode
+        step writes in place instead of copying the cache), or None with ``static_cache`` (``generate`` builds it)."""
+        if self.static_cache:
+            return None
+        return ReservedCache(hf_model(self.model).config, reserve=max_new_tokens + 1)
+
+    def _prefill(self, input_ids: Tensor, attn: Tensor, cache: Any) -> Any:
+        """``cache`` filled with every row's prompt but its last token, each distinct prompt computed once.
+
+        Args:
+            input_ids, attn: ``[n, P]`` left-padded prompts and their mask (``P >= 2``), on the model's device.
+            cache: an empty cache.
+
+        Returns:
+            A cache of ``n`` rows and ``P - 1`` positions, for ``generate`` to continue from.
+        """
+        distinct, row_of = torch.unique_consecutive(torch.cat([input_ids, attn], dim=1), dim=0, return_inverse=True)
+        ids, mask = distinct[:, : input_ids.shape[1] - 1], distinct[:, input_ids.shape[1] :][:, :-1]  # [u, P - 1]
+        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)  # as generate numbers left-padded rows
+        keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(hf_model(self.model).forward).parameters \
+            else {}  # the prefill's logits are not used
+        self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                   **{self._cache_name: cache}, **keep)
+        cache.batch_select_indices(row_of)  # [u] -> [n] rows: each group's prompt copied to its G samples
+        return cache
+
+    def _sample(self, input_ids: Tensor, attn: Tensor, cache: Any, sampling: SamplingConfig,
+                max_new_tokens: int) -> tuple[Tensor, Tensor | None, Any]:
+        """One ``generate`` call from ``input_ids`` (continuing ``cache`` when given, which holds all of them but
+        the last).
+
+        Returns:
+            ``(new tokens [n, k], their log-probs [n, k] or None, the cache)``; ``k < max_new_tokens`` only when
+            every row has stopped.
+        """
+        recorder = SampledLogprobs(input_ids.shape[1], max_new_tokens) if self.return_logprobs else None
+        extra = {} if cache is None else {self._cache_name: cache}
+        out = self.model.generate(input_ids=input_ids, attention_mask=attn, **extra,
+                                  **self._generate_kwargs(sampling, max_new_tokens, recorder))
+        new = out.sequences[:, input_ids.shape[1] :]
+        logprobs = recorder.finish(out.sequences) if recorder is not None else None
+        return new, logprobs, getattr(out, self._cache_name)
+
+    @property
+    def _cache_name(self) -> str:
+        """``generate``'s name for the KV cache: ``cache`` in transformers >= 5.2x, ``past_key_values`` before."""
+        return "cache" if "cache" in inspect.signature(hf_model(self.model).forward).parameters \
+            else "past_key_values"
+
+    def _generate_kwargs(self, sampling: SamplingConfig, max_new_tokens: int,
+                         recorder: SampledLogprobs | None = None) -> dict[str, Any]:
+        """``model.generate``'s settings: plain sampling from the policy, whatever its generation config says.
+
+        Temperature, top-k and top-p are passed as ``generate``'s own warpers, in ``generate``'s order, with the
+        log-prob recorder after them, so that the recorder sees the distribution that is sampled from.
+        """
+        warpers = LogitsProcessorList()
+        if sampling.temperature != 1.0:
+            warpers.append(TemperatureLogitsWarper(sampling.temperature))
+        if sampling.top_k:
+            warpers.append(TopKLogitsWarper(top_k=sampling.top_k, min_tokens_to_keep=1))
+        if sampling.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(top_p=sampling.top_p, min_tokens_to_keep=1))
+        if recorder is not None:
+            warpers.append(recorder)
+        static = {}
+        if self.static_cache:
+            from transformers.generation.configuration_utils import CompileConfig
+
+            compile_config = CompileConfig(fullgraph=False, dynamic=False, mode="default")
+            compile_config._compile_all_devices = True  # transformers compiles on accelerators only unless told
+            static = dict(cache_implementation="static", compile_config=compile_config)
         return dict(
+            **static,
             do_sample=True,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k,  # 0 disables; never inherit a checkpoint's generation_config.json
+            temperature=1.0,  # the warpers above; never inherit a checkpoint's generation_config.json
+            top_p=1.0,
+            top_k=0,
+            logits_processor=warpers,
             repetition_penalty=1.0,  # likewise: the policy's own distribution, as the loss assumes
             min_p=None,
             typical_p=1.0,
@@ -179,32 +279,30 @@ class HFEngine(RolloutEngine):
             max_new_tokens=max_new_tokens,
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
-            output_scores=self.return_logprobs,
             return_dict_in_generate=True,
             use_cache=True,
             synced_gpus=self.synced,
         )
 
-    def _generate_dropping_finished(self, input_ids: Tensor, attn: Tensor,
+    def _generate_dropping_finished(self, input_ids: Tensor, attn: Tensor, cache: Any,
                                     sampling: SamplingConfig) -> tuple[Tensor, Tensor | None]:
         """``generate`` in windows of ``drop_finished_every`` new tokens, each continuing from the KV cache of the
         last; between windows the rows that have stopped leave the batch and the cache.
 
         Args:
             input_ids, attn: ``[n, P]`` left-padded prompts and their mask, on the model's device.
+            cache: the prompts' shared prefill (all but their last token), or None.
 
         Returns:
-            ``(completion [n, L], scores [n, L, V] or None)`` on the CPU: generated ids (anything after a row's stop
-            is pad) and, with ``return_logprobs``, the processed scores (zeros after a row's stop).
+            ``(completion [n, L], logprobs [n, L] or None)`` on the CPU: generated ids (anything after a row's stop
+            is pad) and, with ``return_logprobs``, their log-probs (zeros after a row's stop).
         """
         n, total = input_ids.shape[0], sampling.max_new_tokens
         stops = torch.tensor(self.eos_token_ids, device=input_ids.device)
         tokens = torch.full((n, total), self.pad_token_id, dtype=torch.long)  # [n, T]
-        pieces: list[tuple[Tensor, int, Tensor]] = []  # (rows, first position, scores [a, k, V])
+        logprobs = torch.zeros((n, total), dtype=torch.float32) if self.return_logprobs else None  # [n, T]
         alive = torch.arange(n, device=input_ids.device)  # rows still generating
-        seq, mask, cache, done = input_ids, attn, None, 0
-        # transformers >= 5.2x names the KV cache `cache` (and warns on `past_key_values`), older ones the other
-        name = "cache" if "cache" in inspect.signature(hf_model(self.model).forward).parameters else "past_key_values"
+        seq, mask, done = input_ids, attn, 0
         window = self.drop_finished_every
         while self._any_rank(done < total and len(alive) > 0, input_ids.device):
             if done >= total or len(alive) == 0:
@@ -213,28 +311,20 @@ class HFEngine(RolloutEngine):
                 self.model.generate(input_ids=input_ids[:1, -1:], attention_mask=attn[:1, -1:],
                                     **self._generate_kwargs(sampling, window))
                 continue
-            extra = {} if cache is None else {name: cache}
-            out = self.model.generate(input_ids=seq, attention_mask=mask, **extra,
-                                      **self._generate_kwargs(sampling, min(window, total - done)))
-            new = out.sequences[:, seq.shape[1]:]  # [a, k]; k < the window only when every row has stopped
-            k = new.shape[1]
+            new, new_logprobs, cache = self._sample(seq, mask, cache, sampling, min(window, total - done))
+            k = new.shape[1]  # k < the window only when every row has stopped
             tokens[alive.cpu(), done : done + k] = new.cpu()
-            if self.return_logprobs:
-                pieces.append((alive.cpu(), done, torch.stack(out.scores, dim=1).float().cpu()))
+            if logprobs is not None:
+                logprobs[alive.cpu(), done : done + k] = new_logprobs.cpu()
             done += k
             keep = (~torch.isin(new, stops).any(dim=1)).nonzero().flatten()  # no stop yet
-            cache = getattr(out, name)  # every token but the last sampled one
+            # the cache holds every token but the last sampled one
             if len(keep) < len(alive):
                 cache.batch_select_indices(keep)
-            seq = out.sequences[keep]
+            seq = torch.cat([seq, new], dim=1)[keep]
             mask = torch.cat([mask, mask.new_ones(mask.shape[0], k)], dim=1)[keep]
             alive = alive[keep]
-        scores = None
-        if self.return_logprobs and pieces:
-            scores = torch.zeros(n, done, pieces[0][2].shape[-1])  # [n, L, V]
-            for rows, start, part in pieces:
-                scores[rows, start : start + part.shape[1]] = part
-        return tokens[:, :done], scores
+        return tokens[:, :done], (logprobs[:, :done] if logprobs is not None else None)
 
     def any_rank(self, flag: bool) -> bool:
         """``flag`` on any rank: an all-reduce when the policy is sharded (see :meth:`RolloutEngine.any_rank`)."""
@@ -277,3 +367,49 @@ def plan_chunks(lengths: list[int], max_new_tokens: int, max_batch_tokens: int,
         start += size
     return chunks
 
+
+
+def pad_left(x: Tensor, value: int) -> Tensor:
+    """``x`` ``[n, P]`` with one more column of ``value`` on the left: ``[n, P + 1]``."""
+    return torch.cat([x.new_full((x.shape[0], 1), value), x], dim=1)
+
+
+class SampledLogprobs(LogitsProcessor):
+    """The log-prob of every sampled token under the distribution it was drawn from, gathered one decode step
+    later (when ``generate`` hands this processor the sequences with that token appended), so that only one step's
+    ``[n, V]`` distribution is held at a time. Put it after the warpers: it returns the scores unchanged.
+
+    Args:
+        start: the length of the sequences ``generate`` starts from (the prompt, or the prompt and earlier windows).
+        max_new_tokens: the most tokens ``generate`` appends (the log-probs go into one buffer of that width: many
+            small tensors kept between the large per-step ones would fragment the heap).
+    """
+
+    def __init__(self, start: int, max_new_tokens: int):
+        self.start = start
+        self.buffer: Tensor | None = None  # [n, max_new_tokens]
+        self.width = max_new_tokens
+        self.done = 0  # log-probs gathered so far
+        self.pending: Tensor | None = None  # [n, V]: the last step's log-softmax, awaiting its sampled token
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self._gather(input_ids)
+        self.pending = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def _gather(self, sequences: Tensor) -> None:
+        if self.pending is None or sequences.shape[1] <= self.start + self.done:
+            return
+        if self.buffer is None:
+            self.buffer = self.pending.new_zeros((sequences.shape[0], self.width))
+        torch.gather(self.pending, -1, sequences[:, -1:], out=self.buffer[:, self.done : self.done + 1])
+        self.done += 1
+
+    def finish(self, sequences: Tensor) -> Tensor:
+        """The log-probs ``[n, k]`` of the ``k`` tokens ``generate`` appended to the ``start`` it began from."""
+        self._gather(sequences)
+        self.pending = None
+        k = sequences.shape[1] - self.start
+        if self.buffer is None:
+            return sequences.new_zeros((sequences.shape[0], k), dtype=torch.float32)
+        return self.buffer[:, :k]

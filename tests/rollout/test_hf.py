@@ -308,3 +308,109 @@ def test_sharded_ranks_agree_on_the_number_of_generate_calls(tmp_path):
     assert r0["chunks"] < r1["chunks"]  # the plans did differ; the smaller one was split (or padded) to match
     assert (r0["dropped_rows"], r1["dropped_rows"]) == (4, 12)
     assert r0["dropped_width"] <= 4 < r1["dropped_width"]  # rank 0 stopped windows before rank 1
+
+
+# -- log-probs per decode step, and the shared prefill ----------------------------------------------------------------
+def _rescored(model, prompt: list[int], completion: list[int], sampling: SamplingConfig) -> torch.Tensor:
+    """The log-probs of ``completion`` after ``prompt`` under the tempered, top-k and top-p filtered distribution,
+    from one forward pass of the policy (transformers' own warpers applied to its logits)."""
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()  # [L, V]
+    out = []
+    for t, token in enumerate(completion):
+        scores = logits[t : t + 1]
+        for warper in (TemperatureLogitsWarper(sampling.temperature), TopKLogitsWarper(sampling.top_k),
+                       TopPLogitsWarper(sampling.top_p)):
+            scores = warper(ids[:, : len(prompt) + t], scores)
+        out.append(torch.log_softmax(scores, dim=-1)[0, token])
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("options", [{}, {"drop_finished_every": 3}, {"shared_prefill": False}])
+def test_logprobs_are_those_of_the_distribution_each_token_was_drawn_from(peaked, options):
+    """Gathered one decode step at a time (never [n, L, V]), they equal a rescoring forward pass under the same
+    temperature, top-k and top-p, token for token."""
+    model, tok = peaked
+    sampling = SamplingConfig(max_new_tokens=10, temperature=0.7, top_k=20, top_p=0.9)
+    prompts = _rows(tok, PROMPTS[:3])
+    torch.manual_seed(5)
+    out = HFEngine.bound(model, tok, return_logprobs=True, **options).generate(prompts, 3, sampling)
+    for row in range(out.completion_ids.shape[0]):
+        n = int(out.completion_mask[row].sum())
+        expected = _rescored(model, prompts[row // 3], out.completion_ids[row, :n].tolist(), sampling)
+        # the peaked policy's logits are large (tens); the rescoring pass is unpadded and without a cache
+        torch.testing.assert_close(out.logprobs[row, :n], expected, rtol=1e-4, atol=1e-4)
+        assert (out.logprobs[row, n:] == 0).all()
+
+
+@pytest.mark.parametrize("options", [{}, {"max_batch_size": 5}, {"max_batch_tokens": 60}, {"drop_finished_every": 4}])
+def test_the_shared_prefill_samples_the_same_tokens_and_logprobs(engine_parts, options):
+    """Same seed, prefilled once per group or once per row: the same completions, finish reasons and log-probs
+    (within 1e-5: the prompt's last position is computed over the shared cache instead of inside the prompt's
+    pass). ``max_batch_size=5`` cuts groups of 4 across calls; one-token prompts get a padding column."""
+    model, tok = engine_parts
+    prompts = _rows(tok, PROMPTS) + [[tok.convert_tokens_to_ids("7")]]
+    sampling = SamplingConfig(max_new_tokens=16, temperature=3.0)  # EOS at random positions
+    outs = []
+    for shared in (False, True):
+        torch.manual_seed(13)
+        engine = HFEngine.bound(model, tok, return_logprobs=True, shared_prefill=shared, **options)
+        outs.append(engine.generate(prompts, 4, sampling))
+    per_row, shared = outs
+    assert torch.equal(per_row.completion_ids, shared.completion_ids)
+    assert per_row.finish_reasons == shared.finish_reasons
+    torch.testing.assert_close(per_row.logprobs, shared.logprobs, rtol=0, atol=1e-5)
+
+
+def test_the_shared_prefill_computes_each_prompt_once(engine_parts):
+    """The prefill forward sees each group's prompt once (all but its last token), then generate goes on from it."""
+    model, tok = engine_parts
+    prompts = _rows(tok, PROMPTS[:2])
+    seen = []
+    hook = model.model.register_forward_pre_hook(lambda _m, args, kw: seen.append(tuple(kw["input_ids"].shape)),
+                                                 with_kwargs=True)
+    try:
+        HFEngine.bound(model, tok).generate(prompts, 8, SamplingConfig(max_new_tokens=3))
+    finally:
+        hook.remove()
+    width = max(len(p) for p in prompts)
+    assert seen[0] == (2, width - 1)  # the prefill: 2 prompts, not 16 rows
+    assert seen[1] == (16, 1)  # then the last prompt token of every row, over the shared cache
+
+
+_MEMORY_SCRIPT = """
+import resource, sys, torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+from lit_rlft.models.tiny import char_tokenizer
+from lit_rlft.rollout import HFEngine, SamplingConfig
+torch.set_num_threads(1)
+vocab, rows, length = 32768, 64, 1024
+config = Qwen2Config(vocab_size=vocab, hidden_size=32, num_hidden_layers=1, num_attention_heads=1,
+                     num_key_value_heads=1, head_dim=32, intermediate_size=64, max_position_embeddings=2048)
+torch.manual_seed(0)
+model = Qwen2ForCausalLM(config).eval()
+tok = char_tokenizer()
+engine = HFEngine.bound(model, tok, return_logprobs=True)
+engine.eos_token_ids = [vocab - 1]
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+out = engine.generate([[5, 6, 7, 8]], rows, SamplingConfig(max_new_tokens=length))
+grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(tuple(out.logprobs.shape), int(out.completion_mask.sum()), grown * 1024)
+"""
+
+
+def test_logprobs_of_a_long_generation_over_a_large_vocabulary_cost_no_vocabulary_sized_memory():
+    """64 x 1,024 tokens over a 32,768-token vocabulary: generate's stacked scores would be 64 x 1,024 x 32,768
+    float32 = 8.6 GB; gathered per step, the peak grows by the KV cache (16 MiB here) and a few [64, V] steps
+    (about 110 MiB measured; 1.6 GiB when each step's log-probs were a tensor of their own, from heap fragmentation)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _MEMORY_SCRIPT], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    shape, tokens, grown = out.stdout.split(")")[0] + ")", *out.stdout.split(")")[1].split()
+    assert shape == "(64, 1024)" and int(tokens) > 60 * 1024  # (almost) every row ran to the end
+    assert int(grown) < 512 * 2**20, f"peak memory grew by {int(grown) / 2**20:.0f} MiB"
