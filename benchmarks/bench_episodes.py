@@ -20,6 +20,12 @@ Writes ``benchmarks/results/episodes_<model>[_vllm][_tools].json`` and prints a 
 - All arms alternate ``--repeats`` times in one process (the machine is shared): medians, and the ratio of each
   repeat's pair. The token counts actually generated are reported beside (an untrained policy sometimes stops early).
 
+- ``--update``: the last repeat's episodes (random 0/1 rewards, so every group has a gradient) go through one
+  update of the policy with per-row passes and with shared-prompt passes (``model.optim.shared_prompt``), alternated
+  ``--repeats`` times: each group's first prompt (with ``--tools``, the tool schema and instructions) computed once
+  instead of ``G`` times; the observations stay out of the loss in both. The gradients are compared as well. TRL is
+  not beside here: its ``GRPOTrainer`` has no environment loop of this shape to compare at equal settings.
+
 An episode costs ``turns`` engine calls, each re-reading its whole context (the HF engine has no prefix cache across
 calls; vLLM's prefix caching reuses it), plus one round trip to the environment's workers per turn.
 """
@@ -90,7 +96,7 @@ class Ok(Environment):
 
 
 def run(model_name: str, prompts: int, G: int, turns: int, turn_tokens: int, repeats: int, engine_name: str = "hf",
-        tools: bool = False) -> dict:
+        tools: bool = False, update: bool = False) -> dict:
     from lit_rlft.envs.formats import observation_format
     from lit_rlft.rollout.base import SamplingConfig
     from lit_rlft.rollout.episodes import EpisodeRunner
@@ -141,6 +147,7 @@ def run(model_name: str, prompts: int, G: int, turns: int, turn_tokens: int, rep
     finally:
         runner.close()
     n = prompts * G
+    updates = update_times(model_name, ep, ids, G, tok.pad_token_id, repeats) if update else None
     med = {k: statistics.median(v) for k, v in rec.items()}
     out = {"episodes": n, "turns": turns, "turn_tokens": turn_tokens, "observation_tokens": obs_tokens,
            "episode_budget_tokens": budget, "engine": engine_name, "tools": tools, "arms": list(engines),
@@ -153,7 +160,56 @@ def run(model_name: str, prompts: int, G: int, turns: int, turn_tokens: int, rep
     if len(engines) == 2:  # prefix cache on against off, per repeat
         on, off = rec["episodes_s"], rec["episodes_no_prefix_cache_s"]
         out["prefix_cache_speedup"] = statistics.median(b / a for a, b in zip(on, off))
+    if updates is not None:
+        out["update"] = updates
     return out
+
+
+def update_times(model_name: str, episodes: Any, prompts: list[list[int]], G: int, pad_id: int,
+                 repeats: int) -> dict[str, Any]:
+    """One update over ``episodes`` per-row and shared-prompt, alternated ``repeats`` times: medians, their ratio,
+    and the largest relative difference between the two gradients."""
+    from lit_rlft.core.losses import GRPOLoss
+    from lit_rlft.core.types import Rollouts, left_pad
+    from lit_rlft.models.loading import build_policy
+    from lit_rlft.step import TorchBackend
+    from lit_rlft.step.update import PolicyUpdater
+
+    out = episodes.output
+    B = len(prompts)
+    gen = torch.Generator().manual_seed(0)
+    rewards = torch.randint(0, 2, (B, G), generator=gen).float()
+    p_tok, p_mask = left_pad(prompts, pad_id)
+    rollouts = Rollouts(
+        prompt_ids=torch.arange(B), prompt_tokens=p_tok.repeat_interleave(G, 0), prompt_mask=p_mask.repeat_interleave(G, 0),
+        completion_tokens=out.completion_ids, completion_mask=out.completion_mask, rewards=rewards,
+        correct=rewards >= 1, birth_step=torch.zeros(B, dtype=torch.long), is_replay=torch.zeros(B, dtype=torch.bool),
+        truncated=torch.zeros(B * G, dtype=torch.bool), policy_mask=out.policy_mask, pad_id=pad_id)
+    advantages = (rewards - rewards.mean(1, keepdim=True)).flatten()
+    policy, _ = build_policy(model_name, "float32", None, None, reference=False)
+    policy.train()
+    grads: dict[bool, dict[str, torch.Tensor]] = {}
+
+    class Capture(torch.optim.SGD):  # keeps the gradient, leaves the weights: every update sees the same policy
+        def step(self, closure=None):
+            grads[self.shared] = {n: p.grad.detach().clone() for n, p in policy.named_parameters()
+                                  if p.grad is not None}
+
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(repeats):
+        for shared in (False, True):
+            optimizer = Capture(policy.parameters(), lr=0.0)
+            optimizer.shared = shared
+            updater = PolicyUpdater(GRPOLoss(loss_type="dapo"), 1.0, shared_prompt=shared)
+            t0 = time.perf_counter()
+            updater.update(rollouts, advantages, TorchBackend(policy, optimizer))
+            times[shared].append(time.perf_counter() - t0)
+    worst = max(float((grads[True][n] - g).norm() / g.norm().clamp_min(1e-12)) for n, g in grads[False].items())
+    return {"per_row_s": statistics.median(times[False]), "shared_s": statistics.median(times[True]),
+            "ratio": statistics.median(b / a for a, b in zip(times[False], times[True])),
+            "per_repeat": {"per_row_s": times[False], "shared_s": times[True]},
+            "largest_relative_gradient_difference": worst,
+            "sequence_tokens_mean": float(out.completion_mask.sum(1).float().mean())}
 
 
 def main() -> None:
@@ -167,9 +223,10 @@ def main() -> None:
     p.add_argument("--turn-tokens", type=int, default=16)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--update", action="store_true", help="also time one update, per-row and shared-prompt passes")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    out = run(a.model, a.prompts, a.generations, a.turns, a.turn_tokens, a.repeats, a.engine, a.tools)
+    out = run(a.model, a.prompts, a.generations, a.turns, a.turn_tokens, a.repeats, a.engine, a.tools, a.update)
     out.update(model=a.model, threads=a.threads, machine=platform.processor() or platform.machine(),
                torch=torch.__version__, command=" ".join(["python -m benchmarks.bench_episodes", *sys.argv[1:]]))
     m = out["median"]
@@ -194,6 +251,11 @@ def main() -> None:
     name = "tiny" if a.model == "tiny" else Path(a.model).name
     name += "_vllm" if a.engine == "vllm" else ""
     name += "_tools" if a.tools else ""
+    if "update" in out:
+        u = out["update"]
+        print(f"one update over the episodes: per-row {u['per_row_s']:.2f} s, shared-prompt {u['shared_s']:.2f} s "
+              f"({u['ratio']:.2f}x, median of the repeats' ratios); largest relative gradient difference "
+              f"{u['largest_relative_gradient_difference']:.1e}")
     path = RESULTS / f"episodes_{name}.json"
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {path}")

@@ -2,12 +2,16 @@
 
     python scripts/fingerprint_runs.py --out runs/fingerprints/after.json
     python scripts/fingerprint_runs.py --compare benchmarks/results/fingerprints.json runs/fingerprints/after.json
+    # an option that changes float rounding only: the same runs' learning curves, within a tolerance
+    python scripts/fingerprint_runs.py --set optim.shared_prompt=true --out runs/fingerprints/shared.json
+    python scripts/fingerprint_runs.py --compare-curves runs/fingerprints/after.json runs/fingerprints/shared.json
 
 Each run trains the tiny policy for a few rollout steps under the Trainer (uniform, DPS + replay, DOTS, dynamic
 sampling, several iterations with mini- and micro-batches, LoRA with a KL penalty, the real Countdown reward) and
 records a digest of the final parameters and of every logged metric except wall times (``time/*`` and the
 selection callbacks' ``overhead_s`` / ``reference_generation_s``) and diagnostics added since (:data:`ADDED`). Bit-identity holds on one machine and one torch
-build: compare runs made on the same machine.
+build: compare runs made on the same machine. The runs pin ``optim.shared_prompt: false`` (``auto`` is the default
+since issue 37; ``--set optim.shared_prompt=true`` and ``--compare-curves`` check its curves within a tolerance).
 """
 
 from __future__ import annotations
@@ -96,7 +100,21 @@ def make_module(**overrides: Any) -> Any:
     kwargs.update(overrides)
     if isinstance(kwargs.get("lora"), dict):
         kwargs["lora"] = LoRAConfig(**kwargs["lora"])
-    return GRPOModule(**module_kwargs(kwargs))
+    from lit_rlft.step.config import OptimConfig
+
+    if "shared_prompt" in OptimConfig.__dataclass_fields__:  # auto by default since issue 37: the reference is off
+        kwargs.setdefault("optim.shared_prompt", False)
+    dotted = {k: kwargs.pop(k) for k in [k for k in kwargs if "." in k]}  # --set optim.shared_prompt=true
+    nested = module_kwargs(kwargs)
+    for key, value in dotted.items():
+        import dataclasses
+
+        from lit_rlft.step.config import GenerationConfig
+
+        group, name = key.split(".", 1)
+        given = nested.get(group) or {"optim": OptimConfig, "generation": GenerationConfig}[group]()
+        nested[group] = dataclasses.replace(given, **{name: value})
+    return GRPOModule(**nested)
 
 
 def module_kwargs(flat: dict[str, Any]) -> dict[str, Any]:
@@ -126,7 +144,33 @@ def fingerprint(name: str, spec: dict[str, Any], root: Path) -> dict[str, str]:
     trainer.fit(module, datamodule=data)
     params = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
     return {"params": digest(params), "metrics": digest(logger.rows), "num_metric_rows": str(len(logger.rows)),
-            "metric_names": digest(sorted({k for _, row in logger.rows for k in row}))}
+            "metric_names": digest(sorted({k for _, row in logger.rows for k in row})), "curves": logger.rows}
+
+
+def compare_curves(before: dict[str, Any], after: dict[str, Any], rtol: float, atol: float) -> int:
+    """Every metric both runs logged, step for step: ``|a - b| <= atol + rtol * |a|``. Prints each run's largest
+    difference; returns the number of values outside the tolerance."""
+    bad = 0
+    for name in before:
+        rows_a, rows_b = before[name]["curves"], after.get(name, {}).get("curves", [])
+        worst, outside, n = (0.0, ""), 0, 0
+        if [s for s, _ in rows_a] != [s for s, _ in rows_b]:
+            print(f"{name:18s} DIFFERENT steps logged")
+            bad += 1
+            continue
+        for (step, a), (_, b) in zip(rows_a, rows_b):
+            for key in a.keys() & b.keys():
+                x, y = a[key], b[key]
+                if x != x and y != y:  # both NaN
+                    continue
+                n += 1
+                diff = abs(x - y)
+                outside += diff > atol + rtol * abs(x)
+                if diff > worst[0]:
+                    worst = (diff, f"{key} at step {step}: {x:.6g} vs {y:.6g}")
+        bad += outside
+        print(f"{name:18s} {n:5d} values, {outside} outside; largest difference {worst[0]:.2e} ({worst[1]})")
+    return bad
 
 
 def main() -> None:
@@ -134,12 +178,24 @@ def main() -> None:
     p.add_argument("--out", type=Path, help="write the fingerprints here (JSON)")
     p.add_argument("--only", nargs="*", help="run only these")
     p.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"), help="compare two JSON files")
+    p.add_argument("--compare-curves", nargs=2, type=Path, metavar=("BEFORE", "AFTER"),
+                   help="compare the logged metrics of two JSON files value for value, within --rtol / --atol")
+    p.add_argument("--rtol", type=float, default=1e-4)
+    p.add_argument("--atol", type=float, default=1e-5)
+    p.add_argument("--set", nargs="*", default=[], metavar="OPTION=VALUE",
+                   help="an option for every run: a GRPOModule flat option or group.field (optim.shared_prompt=true); "
+                        "JSON values")
     a = p.parse_args()
+    if a.compare_curves:
+        before, after = (json.loads(f.read_text())["runs"] for f in a.compare_curves)
+        sys.exit(1 if compare_curves(before, after, a.rtol, a.atol) else 0)
     if a.compare:
         before, after = (json.loads(f.read_text())["runs"] for f in a.compare)
         bad = 0
         for name in before:
             for key, value in before[name].items():
+                if key == "curves":  # the digests above compare them bit for bit
+                    continue
                 ok = after.get(name, {}).get(key) == value
                 bad += not ok
                 print(f"{name:18s} {key:16s} {'same' if ok else 'DIFFERENT'}")
@@ -147,10 +203,14 @@ def main() -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         specs = runs(str(Path(tmp) / "emb"))
+        for option in a.set:
+            key, _, value = option.partition("=")
+            for spec in specs.values():
+                spec["module"][key] = json.loads(value)
         names = a.only or list(specs)
         result = {name: fingerprint(name, specs[name], Path(tmp)) for name in names}
     for name, fp in result.items():
-        print(name, fp)
+        print(name, {k: v for k, v in fp.items() if k != "curves"})
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps({"torch": torch.__version__, "runs": result}, indent=1) + "\n")

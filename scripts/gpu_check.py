@@ -31,7 +31,12 @@ time in ten, which gives groups reward variance), and checks, printing one line 
 8. (GPU, with vLLM importable) a generation server: one ``lit-rlft serve`` server (``VLLMServer``) of the check's model
    on the last GPU, three GRPO steps at depth 1 with ``ServerEngine`` (weights pushed over NCCL when the server has a
    GPU of its own, over gloo into host memory when it shares the trainer's: NCCL refuses two ranks on one GPU):
-   finite losses, rows one step stale, the server's version equal to the step's, and the push time per step.
+   finite losses, rows one step stale, the server's version equal to the step's, and the push time per step;
+9. shared-prompt passes (``model.optim.shared_prompt``) on the GPU's attention kernels: one update of the check's model
+   over 8 groups of 8 completions (prompts of 256 tokens, completions of 64; the CPU path: 64 and 16) per-row and
+   shared-prompt, in float32 (SDPA with the 4-D block mask, which runs PyTorch's memory-efficient kernel on a GPU:
+   the flash kernel takes no mask): the loss and every gradient equal within 1e-4 relative (GPU matmuls reduce in
+   other orders than the CPU's 1e-5), and the update's time and peak memory against per-row (goal: time <= 0.6x).
 
 Exit status 0 when every check passes.
 """
@@ -159,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     checks += async_depth_check(a, gpu)
     checks += reward_model_check(tiny, gpu)
     checks += server_check(a, tiny, gpu)
+    checks += shared_prompt_check(tiny, gpu)
 
     for name, ok, detail in checks:
         print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}")
@@ -346,6 +352,73 @@ def reward_model_check(tiny, gpu: bool) -> list[tuple[str, bool, str]]:
              f"512 texts ({sum(lengths)} tokens): {t_batched:.2f} s batched, {t_single:.2f} s one at a time "
              f"({ratio:.1f}x); largest difference {err:.3g} (scores up to {scale:.3g})"
              + (f"; peak memory over the weights by token budget: {memory}" if memory else ""))]
+
+
+def shared_prompt_check(tiny, gpu: bool) -> list[tuple[str, bool, str]]:
+    """Check 9: one update per-row and with shared-prompt passes: equal gradients, time and peak memory."""
+    import torch
+
+    from lit_rlft.core.losses import GRPOLoss
+    from lit_rlft.core.types import Rollouts
+    from lit_rlft.models.tiny import char_tokenizer, tiny_qwen2
+    from lit_rlft.step import TorchBackend
+    from lit_rlft.step.update import PolicyUpdater
+
+    device = "cuda" if gpu else "cpu"
+    B, G, P, C = (8, 8, 256, 64) if gpu else (4, 4, 64, 16)
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(3, 90, (B, P), generator=gen).repeat_interleave(G, 0)
+    lengths = torch.randint(C // 2, C + 1, (B * G,), generator=gen)
+    c_mask = (torch.arange(C)[None] < lengths[:, None]).long()
+    rewards = torch.randint(0, 2, (B, G), generator=gen).float()
+    rollouts = Rollouts(prompt_ids=torch.arange(B), prompt_tokens=prompts, prompt_mask=torch.ones_like(prompts),
+                        completion_tokens=torch.randint(3, 90, (B * G, C), generator=gen) * c_mask,
+                        completion_mask=c_mask, rewards=rewards, correct=rewards >= 1,
+                        birth_step=torch.zeros(B, dtype=torch.long), is_replay=torch.zeros(B, dtype=torch.bool),
+                        truncated=lengths == C)
+    advantages = (rewards - rewards.mean(1, keepdim=True)).flatten()
+
+    results = {}
+    for shared in (False, True):
+        model = tiny_qwen2(char_tokenizer(), tiny).to(device).train()
+        captured: dict[str, torch.Tensor] = {}
+        backend = TorchBackend(model, _GradientCapture(model, captured))
+        updater = PolicyUpdater(GRPOLoss(loss_type="dapo"), 1.0, shared_prompt=shared, micro_batch_size=16)
+        times = []
+        for _ in range(3):  # the first warms the kernels up
+            if gpu:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            t0 = time.perf_counter()
+            out = updater.update(rollouts, advantages, backend)
+            if gpu:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        peak = torch.cuda.max_memory_allocated() / 2**20 if gpu else float("nan")
+        results[shared] = (statistics.median(times[1:]), peak, dict(captured), float(out.metrics["loss"]))
+    (t_row, m_row, g_row, l_row), (t_sh, m_sh, g_sh, l_sh) = results[False], results[True]
+    worst = max(float((g_sh[n] - g_row[n]).norm() / g_row[n].norm().clamp_min(1e-12)) for n in g_row)
+    ratio = t_sh / t_row
+    ok = worst <= 1e-4 and abs(l_sh - l_row) <= 1e-4 * max(1.0, abs(l_row)) and (ratio <= 0.6 or not gpu)
+    memory = f", peak memory {m_sh:.0f} vs {m_row:.0f} MiB" if gpu else ""
+    return [("shared-prompt passes", ok,
+             f"{B} groups x {G} of {P} + {C} tokens: update {t_sh:.3f} vs {t_row:.3f} s per-row ({ratio:.2f}x)"
+             f"{memory}; largest relative gradient difference {worst:.1e}, loss {l_sh:.6f} vs {l_row:.6f}")]
+
+
+class _GradientCapture:
+    """An optimizer that keeps the gradient (float32, on the CPU) instead of stepping."""
+
+    def __init__(self, model, into: dict):
+        self.model, self.into = model, into
+        self.param_groups = [{"params": list(model.parameters()), "lr": 0.0}]
+
+    def step(self, closure=None) -> None:
+        self.into.update({n: p.grad.detach().float().cpu().clone() for n, p in self.model.named_parameters()
+                          if p.grad is not None})
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.model.zero_grad(set_to_none=set_to_none)
 
 
 def starts_with_a_digit(completions: list[str], **columns) -> list[float]:

@@ -24,7 +24,7 @@ def tiny_settings(**overrides):
     import dataclasses
 
     from lit_rlft.models.tiny import TinyConfig
-    from lit_rlft.step.config import GenerationConfig, nest_flat_options
+    from lit_rlft.step.config import GenerationConfig, OptimConfig, nest_flat_options
 
     kwargs = dict(model="tiny", tiny=TinyConfig(**TINY_SMALL), reward_funcs=["lit_rlft.rewards.countdown_reward"],
                   num_generations=4, max_completion_length=8, learning_rate=1e-2)
@@ -32,9 +32,12 @@ def tiny_settings(**overrides):
     generation = {f.name for f in dataclasses.fields(GenerationConfig)} - {"num_generations", "temperature", "top_p",
                                                                             "top_k", "max_completion_length", "seed"}
     extra = {k: kwargs.pop(k) for k in list(kwargs) if k in generation}  # keys newer than 0.2's flat ones
+    optim = {k: kwargs.pop(k) for k in list(kwargs) if k in ("shared_prompt",)}
     out = nest_flat_options(kwargs)
     if extra:
         out["generation"] = dataclasses.replace(out.get("generation") or GenerationConfig(), **extra)
+    if optim:
+        out["optim"] = dataclasses.replace(out.get("optim") or OptimConfig(), **optim)
     return out
 
 

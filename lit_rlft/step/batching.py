@@ -208,10 +208,14 @@ def _logits_at(model: nn.Module, input_ids: Tensor, position_ids: Tensor, pos_b:
 
 #: Attention implementations that take a 4-D mask (transformers' names).
 _MASKED_ATTENTION = ("sdpa", "eager")
+#: Model families whose shared-prompt passes the tests prove equal to the per-row pass (RoPE positions taken from
+#: ``position_ids``, attention through the 4-D mask): ``shared_prompt: auto`` turns the passes on for these only.
+VERIFIED_FAMILIES = ("qwen2", "qwen3", "llama", "mistral")
 
 
-def grouped_attention_supported(model: nn.Module) -> tuple[bool, str]:
-    """Whether shared-prompt passes can run on ``model`` (its attention takes a 4-D mask), and why not."""
+def grouped_attention_supported(model: nn.Module, verified_only: bool = False) -> tuple[bool, str]:
+    """Whether shared-prompt passes can run on ``model`` (its attention takes a 4-D mask; with ``verified_only``,
+    also one of :data:`VERIFIED_FAMILIES`), and why not."""
     from lit_rlft.models.sharding import hf_model
 
     inner = model  # through data-parallel wrappers (DDP, Fabric's) to the policy
@@ -219,10 +223,14 @@ def grouped_attention_supported(model: nn.Module) -> tuple[bool, str]:
         inner = inner.module
     config = getattr(hf_model(inner), "config", None)
     implementation = getattr(config, "_attn_implementation", None)
-    if implementation in _MASKED_ATTENTION:
-        return True, ""
-    return False, (f"its attention implementation is {implementation!r}, which takes no 4-D mask (shared-prompt "
-                   f"passes need one of {', '.join(_MASKED_ATTENTION)})")
+    if implementation not in _MASKED_ATTENTION:
+        return False, (f"its attention implementation is {implementation!r}, which takes no 4-D mask (shared-prompt "
+                       f"passes need one of {', '.join(_MASKED_ATTENTION)})")
+    family = getattr(config, "model_type", None)
+    if verified_only and family not in VERIFIED_FAMILIES:
+        return False, (f"auto turns them on for the model families proven exact ({', '.join(VERIFIED_FAMILIES)}), "
+                       f"not {family!r}; shared_prompt: true runs them on any model whose attention takes a 4-D mask")
+    return True, ""
 
 
 def group_segments(rollouts: Rollouts, rows: Tensor) -> list[tuple[Tensor, list[tuple[int, Tensor]]]]:

@@ -207,7 +207,7 @@ class PolicyUpdater:
             return False
         key = id(model)
         if key not in self._grouped:
-            ok, why = grouped_attention_supported(model)
+            ok, why = grouped_attention_supported(model, verified_only=self.shared_prompt == "auto")
             if not ok:
                 warnings.warn(f"model.optim.shared_prompt={self.shared_prompt!r}: {type(model).__name__} runs per-row "
                               f"passes: {why}", UserWarning, stacklevel=3)

@@ -80,8 +80,9 @@ def test_a_checkpoint_with_a_kl_term_holds_no_reference_weights(tmp_path):
 def test_a_lit_rlft_0_3_checkpoint_with_the_reference_resumes_bit_identically(tmp_path):
     old = torch.load(OLD_CHECKPOINT, weights_only=True)
     assert sum(k.startswith("_reference.") for k in old["state_dict"]) == 15  # the old layout, reference included
-    full = _trainer_fit(tmp_path / "full", 4, beta=0.1)
-    resumed = _trainer_fit(tmp_path / "resumed", 4, ckpt_path=str(OLD_CHECKPOINT), beta=0.1)
+    # per-row passes, as 0.3 trained: the shared-prompt ones (auto) round differently, and bits are compared here
+    full = _trainer_fit(tmp_path / "full", 4, beta=0.1, shared_prompt=False)
+    resumed = _trainer_fit(tmp_path / "resumed", 4, ckpt_path=str(OLD_CHECKPOINT), beta=0.1, shared_prompt=False)
     assert resumed[1] == full[1][2:]  # the steps after the checkpoint trained the same prompts
     assert any(len(ids) for ids in resumed[1])
     _same_run(full, resumed)

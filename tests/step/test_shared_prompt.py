@@ -84,7 +84,7 @@ def test_the_update_equals_the_per_row_one_for_every_loss(name, micro):
     roll = _rollouts(B=4, G=3, replay=True)
     split = {"micro_batch_size": 4} if micro == "rows" else {"micro_batch_tokens": 60}
     options = dict(num_iterations=2, num_mini_batches=2, **split)
-    per_row = _grads(PolicyUpdater(loss, 1.0, **options), roll, ref=loss.beta > 0)
+    per_row = _grads(PolicyUpdater(loss, 1.0, **options, shared_prompt=False), roll, ref=loss.beta > 0)
     grouped = _grads(PolicyUpdater(loss, 1.0, shared_prompt=True, **options), roll, ref=loss.beta > 0)
     _assert_same(per_row, grouped, rtol=RTOL)
 
@@ -94,7 +94,7 @@ def test_the_update_equals_the_per_row_one_for_every_loss(name, micro):
                          ids=["checkpointing", "lora", "lora+checkpointing"])
 def test_the_update_equals_the_per_row_one_with_checkpointing_and_lora(kw):
     roll, loss = _rollouts(), GRPOLoss(loss_type="dapo")
-    per_row = _grads(PolicyUpdater(loss, 1.0, micro_batch_size=6), roll, **kw)
+    per_row = _grads(PolicyUpdater(loss, 1.0, micro_batch_size=6, shared_prompt=False), roll, **kw)
     grouped = _grads(PolicyUpdater(loss, 1.0, micro_batch_size=6, shared_prompt=True), roll, **kw)
     _assert_same(per_row, grouped, rtol=RTOL)
 
@@ -112,7 +112,7 @@ def test_the_update_equals_the_per_row_one_with_groups_of_different_sizes_and_ob
     policy_mask[:, 2:4] = 0  # an observation inside every completion: context, not loss
     roll.policy_mask = policy_mask * roll.completion_mask
     loss = GRPOLoss(loss_type="dapo")
-    per_row = _grads(PolicyUpdater(loss, 1.0, micro_batch_size=4), roll)
+    per_row = _grads(PolicyUpdater(loss, 1.0, micro_batch_size=4, shared_prompt=False), roll)
     grouped = _grads(PolicyUpdater(loss, 1.0, micro_batch_size=4, shared_prompt=True), roll)
     _assert_same(per_row, grouped, rtol=RTOL)
 
@@ -130,7 +130,52 @@ def test_a_model_whose_attention_cannot_group_falls_back_with_one_warning(monkey
         "'flash_attention_2', which takes no 4-D mask (shared-prompt passes need one of sdpa, eager)"]
     monkeypatch.setattr(policy.config, "_attn_implementation", "sdpa")
     assert PolicyUpdater(loss, 1.0, shared_prompt="auto").grouped(policy) is True
-    assert PolicyUpdater(loss, 1.0).grouped(policy) is False  # off by default: the per-row pass, bit for bit
+    assert PolicyUpdater(loss, 1.0).grouped(policy) is True  # auto by default
+    assert PolicyUpdater(loss, 1.0, shared_prompt=False).grouped(policy) is False  # the per-row pass, bit for bit
+
+
+def _family_policy(family: str) -> torch.nn.Module:
+    """A tiny, seeded causal LM of one of the model families ``auto`` turns shared-prompt passes on for (or GPT-2's,
+    which it does not)."""
+    import transformers
+
+    size = dict(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                intermediate_size=128, max_position_embeddings=128)
+    configs = {"llama": transformers.LlamaConfig(**size), "qwen3": transformers.Qwen3Config(**size, head_dim=32),
+               "mistral": transformers.MistralConfig(**size),
+               "gpt2": transformers.GPT2Config(vocab_size=96, n_embd=64, n_layer=2, n_head=2, n_positions=128)}
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(configs[family], attn_implementation="sdpa")
+    with torch.no_grad():  # weights large enough that a wrong position or mask shows in the log-probs
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(4.0)
+    return model.eval()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral"])
+def test_the_model_families_auto_turns_on_for_give_the_per_row_log_probs(family):
+    """Llama (SmolLM2's architecture), Qwen3 and Mistral, like Qwen2 above: RoPE positions continue from the prompt in
+    every completion and the block mask keeps completions apart. (GPT-2's learned positions are untested: auto leaves
+    it per-row.)"""
+    policy, roll = _family_policy(family), _rollouts(B=3, G=4)
+    m = roll.completion_mask.bool()
+    with torch.no_grad():
+        per_row, _ = sequence_logprobs(policy, roll, torch.arange(12), 1.0, "cpu")
+        grouped, _ = sequence_logprobs(policy, roll, torch.arange(12), 1.0, "cpu", grouped=True)
+        shifted, _ = sequence_logprobs(policy, roll, torch.arange(12), 1.0, "cpu", packed=True)
+    torch.testing.assert_close(grouped[m], per_row[m], rtol=RTOL, atol=1e-5)
+    torch.testing.assert_close(shifted[m], per_row[m], rtol=RTOL, atol=1e-5)
+    assert PolicyUpdater(GRPOLoss(), 1.0).grouped(policy) is True
+
+
+def test_auto_leaves_an_unverified_family_per_row_and_true_runs_it():
+    policy = _family_policy("gpt2")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert PolicyUpdater(GRPOLoss(), 1.0, shared_prompt="auto").grouped(policy) is False
+    assert any("proven exact" in str(w.message) and "'gpt2'" in str(w.message) for w in caught)
+    assert PolicyUpdater(GRPOLoss(), 1.0, shared_prompt=True).grouped(policy) is True
 
 
 def test_the_option_takes_true_false_or_auto():
