@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from lit_rlft.core.logprobs import completion_logprobs
 from lit_rlft.core.types import Rollouts
 
-__all__ = ["grouped_attention_supported", "pack_rows", "padding_share", "sequence_logprobs",
+__all__ = ["grouped_attention_supported", "grouping_pays", "pack_rows", "padding_share", "sequence_logprobs",
            "token_budget_micro_batches"]
 
 
@@ -213,15 +213,51 @@ _MASKED_ATTENTION = ("sdpa", "eager")
 VERIFIED_FAMILIES = ("qwen2", "qwen3", "llama", "mistral")
 
 
+def _config(model: nn.Module) -> object | None:
+    """The HF config of ``model``, through data-parallel wrappers (DDP, Fabric's) and peft."""
+    from lit_rlft.models.sharding import hf_model
+
+    inner = model
+    while isinstance(getattr(inner, "module", None), nn.Module) and not hasattr(inner, "config"):
+        inner = inner.module
+    return getattr(hf_model(inner), "config", None)
+
+
+def grouping_pays(model: nn.Module, rollouts: Rollouts, rows: Tensor) -> bool:
+    """Whether the shared-prompt pass over ``rows`` costs fewer FLOPs than the per-row one (what ``shared_prompt:
+    auto`` asks of every micro-batch).
+
+    Per decoder layer and position the linear layers cost ``c_lin = 2 (2 h^2 + 2 h d_kv + 3 h I)`` (q and o, k and
+    v, the gated MLP), and attention ``c_att = 4 H d`` per query-key pair. The per-row pass computes
+    ``sum_i (p_i + l_i)`` positions and ``sum_i (p_i + l_i)^2`` pairs (its best case, packed); the shared-prompt
+    pass computes its bins whole, ``n_bins x C`` positions and ``n_bins x C^2`` pairs, since the block mask does not
+    skip the pairs it masks. Long prompts and short completions favour it; long completions in
+    large groups do not: one segment of ``p + G L`` tokens attends to itself whole (G = 16 completions of 1,024
+    tokens after 256 prompt tokens, hidden 896: 2.1x the per-row FLOPs). Countdown's step (10 + 8 x 28 tokens,
+    the tiny policy): 0.91x; prompts of 253 tokens and completions of 64, hidden 256: 0.36x.
+    """
+    config = _config(model)
+    h = getattr(config, "hidden_size", None)
+    if not h:
+        return True
+    heads = getattr(config, "num_attention_heads", 1) or 1
+    head_dim = getattr(config, "head_dim", None) or h // heads
+    kv = (getattr(config, "num_key_value_heads", None) or heads) * head_dim
+    inter = getattr(config, "intermediate_size", None) or 4 * h
+    c_lin, c_att = 2 * (2 * h * h + 2 * h * kv + 3 * h * inter), 4 * heads * head_dim
+    p = rollouts.prompt_mask[rows].sum(1)
+    l_ = rollouts.completion_mask[rows].sum(1)
+    per_row = float(((p + l_) * c_lin + (p + l_) ** 2 * c_att).sum())
+    segments = group_segments(rollouts, rows)
+    lengths = [len(q) + sum(len(c) for _, c in comps) for q, comps in segments]
+    bins, capacity = len(pack_rows(lengths)), max(lengths)
+    return bins * (capacity * c_lin + capacity**2 * c_att) < per_row
+
+
 def grouped_attention_supported(model: nn.Module, verified_only: bool = False) -> tuple[bool, str]:
     """Whether shared-prompt passes can run on ``model`` (its attention takes a 4-D mask; with ``verified_only``,
     also one of :data:`VERIFIED_FAMILIES`), and why not."""
-    from lit_rlft.models.sharding import hf_model
-
-    inner = model  # through data-parallel wrappers (DDP, Fabric's) to the policy
-    while isinstance(getattr(inner, "module", None), nn.Module) and not hasattr(inner, "config"):
-        inner = inner.module
-    config = getattr(hf_model(inner), "config", None)
+    config = _config(model)
     implementation = getattr(config, "_attn_implementation", None)
     if implementation not in _MASKED_ATTENTION:
         return False, (f"its attention implementation is {implementation!r}, which takes no 4-D mask (shared-prompt "

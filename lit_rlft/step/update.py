@@ -43,6 +43,7 @@ from lit_rlft.core.losses import GRPOLoss, LossOutput
 from lit_rlft.core.types import Rollouts
 from lit_rlft.step.batching import (
     grouped_attention_supported,
+    grouping_pays,
     padding_share,
     sequence_logprobs,
     token_budget_micro_batches,
@@ -198,7 +199,8 @@ class PolicyUpdater:
         temperature, padded or packed, trimmed): also what the reference model's pass uses."""
         return sequence_logprobs(model, rollouts, rows, self.temperature, device, with_entropy,
                                  packed=self.padding_free, trim=self.micro_batch_tokens is not None,
-                                 entropy_grad=entropy_grad, grouped=self.grouped(model))
+                                 entropy_grad=entropy_grad, grouped=self.grouped(model) and (
+                                     self.shared_prompt is True or grouping_pays(model, rollouts, rows)))
 
     def grouped(self, model: nn.Module) -> bool:
         """Whether ``model``'s passes share each group's prompt (``shared_prompt``, decided once per model: a model

@@ -182,3 +182,46 @@ def test_the_option_takes_true_false_or_auto():
     assert OptimConfig(shared_prompt="auto").shared_prompt == "auto"
     with pytest.raises(ValueError, match="model.optim.shared_prompt must be true, false or auto"):
         OptimConfig(shared_prompt="yes")
+
+
+def _one_group(completion_length: int) -> "Rollouts":
+    """One group of 2 completions of ``completion_length`` tokens after a 3-token prompt."""
+    from lit_rlft.core.types import Rollouts
+
+    prompt = torch.tensor([[5, 6, 7]]).repeat(2, 1)
+    return Rollouts(prompt_ids=torch.arange(1), prompt_tokens=prompt, prompt_mask=torch.ones_like(prompt),
+                    completion_tokens=torch.full((2, completion_length), 9),
+                    completion_mask=torch.ones(2, completion_length, dtype=torch.long), rewards=torch.zeros(1, 2),
+                    correct=torch.zeros(1, 2, dtype=torch.bool), birth_step=torch.zeros(1, dtype=torch.long),
+                    is_replay=torch.zeros(1, dtype=torch.bool), truncated=torch.zeros(2, dtype=torch.bool))
+
+
+def test_auto_groups_where_the_grouped_pass_costs_fewer_flops():
+    """h = 2, I = 4, one head of 2, one k/v head: c_lin = 2 (2*4 + 2*2*2 + 3*2*4) = 80 per position, c_att = 4*1*2 = 8
+    per query-key pair. Completions of 1 token: per-row 2 x (4*80 + 4^2*8) = 896 against one segment of 5 tokens,
+    5*80 + 5^2*8 = 600: it pays. Completions of 10: per-row 2 x (13*80 + 13^2*8) = 4,784 against 23*80 + 23^2*8 =
+    6,072: it does not (the segment attends to itself whole, masked pairs included)."""
+    from types import SimpleNamespace
+
+    from lit_rlft.step.batching import grouping_pays
+
+    model = torch.nn.Linear(1, 1)
+    model.config = SimpleNamespace(hidden_size=2, intermediate_size=4, num_attention_heads=1, num_key_value_heads=1,
+                                   head_dim=2)
+    assert grouping_pays(model, _one_group(1), torch.arange(2)) is True
+    assert grouping_pays(model, _one_group(10), torch.arange(2)) is False
+
+
+def test_auto_runs_the_per_row_pass_bit_for_bit_where_grouping_does_not_pay():
+    """Long completions in a large group: auto keeps the per-row pass (the same gradient, bit for bit, as
+    ``shared_prompt: false``); ``true`` groups anyway (equal within the tolerance)."""
+    from lit_rlft.step.batching import grouping_pays
+
+    loss, roll = GRPOLoss(loss_type="dapo"), _rollouts(B=2, G=8, P=3, L=60)
+    assert not grouping_pays(_policy(), roll, torch.arange(16))
+    per_row = _grads(PolicyUpdater(loss, 1.0, shared_prompt=False), roll)
+    auto = _grads(PolicyUpdater(loss, 1.0, shared_prompt="auto"), roll)
+    forced = _grads(PolicyUpdater(loss, 1.0, shared_prompt=True), roll)
+    assert all(torch.equal(per_row[n], auto[n]) for n in per_row)
+    assert not all(torch.equal(per_row[n], forced[n]) for n in per_row)
+    _assert_same(per_row, forced, rtol=RTOL)
