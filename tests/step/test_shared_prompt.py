@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from lit_rlft.core.losses import GRPOLoss
+from lit_rlft.core.types import Rollouts
 from lit_rlft.models.loading import LoRAConfig
 from lit_rlft.step.batching import group_segments, sequence_logprobs
 from lit_rlft.step.config import OptimConfig
@@ -184,10 +185,8 @@ def test_the_option_takes_true_false_or_auto():
         OptimConfig(shared_prompt="yes")
 
 
-def _one_group(completion_length: int) -> "Rollouts":
+def _one_group(completion_length: int) -> Rollouts:
     """One group of 2 completions of ``completion_length`` tokens after a 3-token prompt."""
-    from lit_rlft.core.types import Rollouts
-
     prompt = torch.tensor([[5, 6, 7]]).repeat(2, 1)
     return Rollouts(prompt_ids=torch.arange(1), prompt_tokens=prompt, prompt_mask=torch.ones_like(prompt),
                     completion_tokens=torch.full((2, completion_length), 9),
