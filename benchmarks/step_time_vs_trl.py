@@ -59,7 +59,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 B, G, MAX_NEW = 16, 8, 32
-#: The sides a run can compare: lit_rlft (per-row passes), lit_rlft with shared-prompt passes, TRL.
+#: The sides a run can compare: lit_rlft with per-row passes (``shared_prompt: false``), lit_rlft with shared-prompt
+#: passes (``shared_prompt: auto``, the default), TRL.
 SIDES = ("lit", "lit_shared", "trl")
 
 
@@ -100,7 +101,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not args.order or len(set(args.order)) < len(args.order) or set(args.order) - set(SIDES) or (
             len(args.order) > 1 and "trl" not in args.order):
         p.error(f"--order: sides from {', '.join(SIDES)}, each at most once, TRL among them when there are several "
-                f"(lit_shared: lit_rlft with model.optim.shared_prompt=true); got {args.order}")
+                f"(lit: model.optim.shared_prompt=false, per-row passes; lit_shared: the default, auto); got {args.order}")
     return args
 
 
@@ -209,7 +210,7 @@ def planned_batches(args: argparse.Namespace, tokenizer: Any) -> list[dict[str, 
 
 
 def run_lit(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[Any]]],
-            shared_prompt: bool = False) -> dict[str, Any]:
+            shared_prompt: bool | str = False) -> dict[str, Any]:
     import lightning as L
 
     from lit_rlft import GenerationConfig, GRPOLoss, GRPOModule, OptimConfig
@@ -462,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(args.threads)
             t0 = time.perf_counter()
             if side != "trl":
-                raw = run_lit(args, model_dir, plan, shared_prompt=side == "lit_shared")
+                raw = run_lit(args, model_dir, plan, shared_prompt="auto" if side == "lit_shared" else False)
             else:
                 raw = run_trl(args, model_dir, plan, str(Path(work) / f"trl_{r}"))
             raw["wall_s"] = time.perf_counter() - t0

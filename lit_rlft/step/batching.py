@@ -223,18 +223,20 @@ def _config(model: nn.Module) -> object | None:
     return getattr(hf_model(inner), "config", None)
 
 
-def grouping_pays(model: nn.Module, rollouts: Rollouts, rows: Tensor) -> bool:
-    """Whether the shared-prompt pass over ``rows`` costs fewer FLOPs than the per-row one (what ``shared_prompt:
-    auto`` asks of every micro-batch).
+def grouping_pays(model: nn.Module, rollouts: Rollouts, rows: Tensor, packed: bool = False,
+                  trim: bool = False) -> bool:
+    """Whether the shared-prompt pass over ``rows`` costs fewer FLOPs than the per-row pass it replaces (padded, or
+    ``trim``-med, or ``packed``): what ``shared_prompt: auto`` asks of every micro-batch.
 
     Per decoder layer and position the linear layers cost ``c_lin = 2 (2 h^2 + 2 h d_kv + 3 h I)`` (q and o, k and
-    v, the gated MLP), and attention ``c_att = 4 H d`` per query-key pair. The per-row pass computes
-    ``sum_i (p_i + l_i)`` positions and ``sum_i (p_i + l_i)^2`` pairs (its best case, packed); the shared-prompt
-    pass computes its bins whole, ``n_bins x C`` positions and ``n_bins x C^2`` pairs, since the block mask does not
-    skip the pairs it masks. Long prompts and short completions favour it; long completions in
-    large groups do not: one segment of ``p + G L`` tokens attends to itself whole (G = 16 completions of 1,024
-    tokens after 256 prompt tokens, hidden 896: 2.1x the per-row FLOPs). Countdown's step (10 + 8 x 28 tokens,
-    the tiny policy): 0.91x; prompts of 253 tokens and completions of 64, hidden 256: 0.36x.
+    v, the gated MLP), and attention ``c_att = 4 H d`` per query-key pair. A pass over ``b`` sequences of width
+    ``w`` costs ``b (w c_lin + w^2 c_att)``: the padded per-row pass ``n`` rows of ``P + L`` (trimmed: the rows' own
+    longest prompt and completion), the packed one its bins, the shared-prompt one its bins of segments, computed
+    whole since the block mask does not skip the pairs it masks. Long prompts and short completions favour it; long
+    completions in large groups do not: one segment of ``p + G L`` tokens attends to itself whole (G = 16
+    completions of 1,024 tokens after 256 prompt tokens, hidden 896: 2.1x the per-row FLOPs). Countdown's step
+    (16 x 8 rows, prompts of 10 tokens padded to 13, completions of 28 padded to 32, the tiny policy): 0.77x;
+    prompts of 253 tokens and completions of 60, hidden 256: 0.34x.
     """
     config = _config(model)
     h = getattr(config, "hidden_size", None)
@@ -245,13 +247,21 @@ def grouping_pays(model: nn.Module, rollouts: Rollouts, rows: Tensor) -> bool:
     kv = (getattr(config, "num_key_value_heads", None) or heads) * head_dim
     inter = getattr(config, "intermediate_size", None) or 4 * h
     c_lin, c_att = 2 * (2 * h * h + 2 * h * kv + 3 * h * inter), 4 * heads * head_dim
-    p = rollouts.prompt_mask[rows].sum(1)
-    l_ = rollouts.completion_mask[rows].sum(1)
-    per_row = float(((p + l_) * c_lin + (p + l_) ** 2 * c_att).sum())
+
+    def cost(sequences: int, width: int) -> float:
+        return sequences * (width * c_lin + width**2 * c_att)
+
+    p, l_ = rollouts.prompt_mask[rows].sum(1), rollouts.completion_mask[rows].sum(1)  # [n] each
+    if packed:
+        spans = (p + l_).tolist()
+        per_row = cost(len(pack_rows(spans)), max(spans))
+    elif trim:
+        per_row = cost(len(rows), int(p.max()) + int(l_.max()))
+    else:
+        per_row = cost(len(rows), rollouts.prompt_tokens.shape[1] + rollouts.completion_tokens.shape[1])
     segments = group_segments(rollouts, rows)
     lengths = [len(q) + sum(len(c) for _, c in comps) for q, comps in segments]
-    bins, capacity = len(pack_rows(lengths)), max(lengths)
-    return bins * (capacity * c_lin + capacity**2 * c_att) < per_row
+    return cost(len(pack_rows(lengths)), max(lengths)) < per_row
 
 
 def grouped_attention_supported(model: nn.Module, verified_only: bool = False) -> tuple[bool, str]:

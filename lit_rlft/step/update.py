@@ -200,7 +200,8 @@ class PolicyUpdater:
         return sequence_logprobs(model, rollouts, rows, self.temperature, device, with_entropy,
                                  packed=self.padding_free, trim=self.micro_batch_tokens is not None,
                                  entropy_grad=entropy_grad, grouped=self.grouped(model) and (
-                                     self.shared_prompt is True or grouping_pays(model, rollouts, rows)))
+                                     self.shared_prompt is True or grouping_pays(model, rollouts, rows, packed=self.padding_free,
+                                                                              trim=self.micro_batch_tokens is not None)))
 
     def grouped(self, model: nn.Module) -> bool:
         """Whether ``model``'s passes share each group's prompt (``shared_prompt``, decided once per model: a model

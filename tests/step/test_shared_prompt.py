@@ -185,12 +185,14 @@ def test_the_option_takes_true_false_or_auto():
         OptimConfig(shared_prompt="yes")
 
 
-def _one_group(completion_length: int) -> Rollouts:
-    """One group of 2 completions of ``completion_length`` tokens after a 3-token prompt."""
+def _one_group(completion_length: int, width: int | None = None) -> Rollouts:
+    """One group of 2 completions of ``completion_length`` tokens (padded to ``width``) after a 3-token prompt."""
     prompt = torch.tensor([[5, 6, 7]]).repeat(2, 1)
+    width = width or completion_length
     return Rollouts(prompt_ids=torch.arange(1), prompt_tokens=prompt, prompt_mask=torch.ones_like(prompt),
-                    completion_tokens=torch.full((2, completion_length), 9),
-                    completion_mask=torch.ones(2, completion_length, dtype=torch.long), rewards=torch.zeros(1, 2),
+                    completion_tokens=torch.full((2, width), 9),
+                    completion_mask=(torch.arange(width) < completion_length).long().repeat(2, 1),
+                    rewards=torch.zeros(1, 2),
                     correct=torch.zeros(1, 2, dtype=torch.bool), birth_step=torch.zeros(1, dtype=torch.long),
                     is_replay=torch.zeros(1, dtype=torch.bool), truncated=torch.zeros(2, dtype=torch.bool))
 
@@ -199,7 +201,9 @@ def test_auto_groups_where_the_grouped_pass_costs_fewer_flops():
     """h = 2, I = 4, one head of 2, one k/v head: c_lin = 2 (2*4 + 2*2*2 + 3*2*4) = 80 per position, c_att = 4*1*2 = 8
     per query-key pair. Completions of 1 token: per-row 2 x (4*80 + 4^2*8) = 896 against one segment of 5 tokens,
     5*80 + 5^2*8 = 600: it pays. Completions of 10: per-row 2 x (13*80 + 13^2*8) = 4,784 against 23*80 + 23^2*8 =
-    6,072: it does not (the segment attends to itself whole, masked pairs included)."""
+    6,072: it does not (the segment attends to itself whole, masked pairs included). Completions of 10 padded to 30:
+    the padded per-row pass computes 2 x (33*80 + 33^2*8) = 22,704, so grouping pays; against the trimmed or packed
+    per-row pass (4,784) it does not."""
     from types import SimpleNamespace
 
     from lit_rlft.step.batching import grouping_pays
@@ -209,6 +213,9 @@ def test_auto_groups_where_the_grouped_pass_costs_fewer_flops():
                                    head_dim=2)
     assert grouping_pays(model, _one_group(1), torch.arange(2)) is True
     assert grouping_pays(model, _one_group(10), torch.arange(2)) is False
+    assert grouping_pays(model, _one_group(10, width=30), torch.arange(2)) is True
+    assert grouping_pays(model, _one_group(10, width=30), torch.arange(2), trim=True) is False
+    assert grouping_pays(model, _one_group(10, width=30), torch.arange(2), packed=True) is False
 
 
 def test_auto_runs_the_per_row_pass_bit_for_bit_where_grouping_does_not_pay():
