@@ -36,7 +36,9 @@ time in ten, which gives groups reward variance), and checks, printing one line 
    over 8 groups of 8 completions (prompts of 256 tokens, completions of 64; the CPU path: 64 and 16) per-row and
    shared-prompt, in float32 (SDPA with the 4-D block mask, which runs PyTorch's memory-efficient kernel on a GPU:
    the flash kernel takes no mask): the loss and every gradient equal within 1e-4 relative (GPU matmuls reduce in
-   other orders than the CPU's 1e-5), and the update's time and peak memory against per-row (goal: time <= 0.6x).
+   other orders than the CPU's 1e-5), and the update's time and peak memory against per-row (goal: time <= 0.6x);
+   on a GPU also with ``attn_implementation="flex_attention"``, whose ``BlockMask`` kernel skips the blocks no
+   query attends in (FlexAttention has no backward on a CPU).
 
 Exit status 0 when every check passes.
 """
@@ -379,11 +381,13 @@ def shared_prompt_check(tiny, gpu: bool) -> list[tuple[str, bool, str]]:
     advantages = (rewards - rewards.mean(1, keepdim=True)).flatten()
 
     results = {}
-    for shared in (False, True):
+    for shared in (False, True, "flex") if gpu else (False, True):
         model = tiny_qwen2(char_tokenizer(), tiny).to(device).train()
+        if shared == "flex":  # FlexAttention's BlockMask (no backward on a CPU)
+            model.set_attn_implementation("flex_attention")
         captured: dict[str, torch.Tensor] = {}
         backend = TorchBackend(model, _GradientCapture(model, captured))
-        updater = PolicyUpdater(GRPOLoss(loss_type="dapo"), 1.0, shared_prompt=shared, micro_batch_size=16)
+        updater = PolicyUpdater(GRPOLoss(loss_type="dapo"), 1.0, shared_prompt=bool(shared), micro_batch_size=16)
         times = []
         for _ in range(3):  # the first warms the kernels up
             if gpu:
@@ -396,14 +400,21 @@ def shared_prompt_check(tiny, gpu: bool) -> list[tuple[str, bool, str]]:
             times.append(time.perf_counter() - t0)
         peak = torch.cuda.max_memory_allocated() / 2**20 if gpu else float("nan")
         results[shared] = (statistics.median(times[1:]), peak, dict(captured), float(out.metrics["loss"]))
-    (t_row, m_row, g_row, l_row), (t_sh, m_sh, g_sh, l_sh) = results[False], results[True]
-    worst = max(float((g_sh[n] - g_row[n]).norm() / g_row[n].norm().clamp_min(1e-12)) for n in g_row)
-    ratio = t_sh / t_row
-    ok = worst <= 1e-4 and abs(l_sh - l_row) <= 1e-4 * max(1.0, abs(l_row)) and (ratio <= 0.6 or not gpu)
-    memory = f", peak memory {m_sh:.0f} vs {m_row:.0f} MiB" if gpu else ""
-    return [("shared-prompt passes", ok,
-             f"{B} groups x {G} of {P} + {C} tokens: update {t_sh:.3f} vs {t_row:.3f} s per-row ({ratio:.2f}x)"
-             f"{memory}; largest relative gradient difference {worst:.1e}, loss {l_sh:.6f} vs {l_row:.6f}")]
+    t_row, m_row, g_row, l_row = results[False]
+    checks = []
+    for arm, label in ((True, "sdpa, dense mask"), ("flex", "FlexAttention, block mask")):
+        if arm not in results:
+            continue
+        t_sh, m_sh, g_sh, l_sh = results[arm]
+        worst = max(float((g_sh[n] - g_row[n]).norm() / g_row[n].norm().clamp_min(1e-12)) for n in g_row)
+        ratio = t_sh / t_row
+        ok = worst <= 1e-4 and abs(l_sh - l_row) <= 1e-4 * max(1.0, abs(l_row)) and (ratio <= 0.6 or not gpu)
+        memory = f", peak memory {m_sh:.0f} vs {m_row:.0f} MiB" if gpu else ""
+        checks.append((f"shared-prompt passes ({label})", ok,
+                       f"{B} groups x {G} of {P} + {C} tokens: update {t_sh:.3f} vs {t_row:.3f} s per-row "
+                       f"({ratio:.2f}x){memory}; largest relative gradient difference {worst:.1e}, loss {l_sh:.6f} "
+                       f"vs {l_row:.6f}"))
+    return checks
 
 
 class _GradientCapture:

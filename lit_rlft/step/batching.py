@@ -21,7 +21,8 @@ Notation: ``n`` rows of a micro-batch, ``P`` / ``L`` the batch's prompt / comple
   positions continuing from the prompt in every completion). The ``k`` completions' gradients all reach the one
   prompt. Segments are packed into bins as rows are; ``sum_groups (p_g + sum_i l_i)`` positions instead of
   ``sum_i (p_i + l_i)`` (Countdown: 13 + 8 x 28 against 8 x 41 positions per group). It needs an attention that takes a
-  4-D mask (sdpa, eager: :func:`grouped_attention_supported`). Logits only at the completion-predicting positions.
+  4-D mask (sdpa and eager take it dense, flex_attention as a ``BlockMask`` whose kernel skips the blocks no query
+  attends in: :func:`grouped_attention_supported`). Logits only at the completion-predicting positions.
 """
 
 from __future__ import annotations
@@ -206,8 +207,9 @@ def _logits_at(model: nn.Module, input_ids: Tensor, position_ids: Tensor, pos_b:
     return logits
 
 
-#: Attention implementations that take a 4-D mask (transformers' names).
-_MASKED_ATTENTION = ("sdpa", "eager")
+#: Attention implementations that take a 4-D mask (transformers' names): a dense boolean one for sdpa and eager, a
+#: FlexAttention ``BlockMask`` for flex_attention.
+_MASKED_ATTENTION = ("sdpa", "eager", "flex_attention")
 #: Model families whose shared-prompt passes the tests prove equal to the per-row pass (RoPE positions taken from
 #: ``position_ids``, attention through the 4-D mask): ``shared_prompt: auto`` turns the passes on for these only.
 VERIFIED_FAMILIES = ("qwen2", "qwen3", "llama", "mistral")
@@ -327,22 +329,50 @@ def _grouped_logprobs(model: nn.Module, rollouts: Rollouts, rows: Tensor, temper
                     where.append((k, b, offset + p - 1, start, n))
                 start += n
             offset = start
-    idx = torch.arange(capacity)
-    causal = idx[:, None] >= idx[None, :]  # [C, C]
-    same_segment = segment[:, :, None] == segment[:, None, :]  # [n_bins, C, C]
-    key_in_prompt_or_own = (part[:, None, :] == 0) | (part[:, :, None] == part[:, None, :])
-    mask = causal[None] & same_segment & key_in_prompt_or_own & (segment[:, :, None] >= 0)
-    mask |= torch.eye(capacity, dtype=torch.bool)[None]  # bin tails attend to themselves (no empty softmax)
+    if getattr(_config(model), "_attn_implementation", None) == "flex_attention":
+        attention = _block_mask(segment.to(device), part.to(device))  # skips the blocks nothing attends in
+    else:
+        attention = _dense_block_mask(segment, part)[:, None].to(device)  # [n_bins, 1, C, C]
     where.sort()
     pos_b = torch.cat([torch.full((n,), b) for _, b, _, _, n in where]).to(device)  # [sum l_i]
     pos_t = torch.cat([torch.cat([torch.tensor([last]), torch.arange(start, start + n - 1)])
                        for _, _, last, start, n in where]).to(device)  # [sum l_i]
     targets = torch.cat([input_ids[b, start : start + n] for _, b, _, start, n in where])[None].to(device)
     logits = _logits_at(model, input_ids.to(device), position_ids.to(device), pos_b, pos_t,
-                        attention_mask=mask[:, None].to(device))  # [1, sum l_i, V]
+                        attention_mask=attention)  # [1, sum l_i, V]
     lp, ent = completion_logprobs(logits, targets, temperature, entropy_grad=entropy_grad)  # [1, sum l_i] each
     shape = (len(rows), rollouts.completion_tokens.shape[1])
     c_mask = rollouts.completion_mask[rows].bool().to(device)  # [n, L]; completions are a prefix of each row
     logprobs = torch.zeros(shape, dtype=lp.dtype, device=device).masked_scatter(c_mask, lp[0])
     entropy = torch.zeros(shape, dtype=ent.dtype, device=device).masked_scatter(c_mask, ent[0])
     return logprobs, (entropy if with_entropy else None)
+
+
+def _attends(segment: Tensor, part: Tensor, b: Tensor, q: Tensor, kv: Tensor) -> Tensor:
+    """Whether query ``q`` may attend to key ``kv`` in bin ``b``: causally within its segment, to the prompt (part 0)
+    and to its own completion; a bin's tail (segment -1) attends to itself only (no empty softmax)."""
+    same = (segment[b, q] == segment[b, kv]) & (segment[b, q] >= 0)
+    visible = (part[b, kv] == 0) | (part[b, q] == part[b, kv])
+    return ((q >= kv) & same & visible) | (q == kv)
+
+
+def _dense_block_mask(segment: Tensor, part: Tensor) -> Tensor:
+    """The shared-prompt mask ``[n_bins, C, C]`` (True where a position may attend) of bins whose positions belong
+    to ``segment`` and ``part`` ``[n_bins, C]`` (the prompt 0, completions 1..; -1 past the bin's segments)."""
+    n_bins, capacity = segment.shape
+    b = torch.arange(n_bins)[:, None, None]
+    q, kv = torch.arange(capacity)[None, :, None], torch.arange(capacity)[None, None, :]
+    return _attends(segment, part, b, q, kv)
+
+
+def _block_mask(segment: Tensor, part: Tensor) -> object:
+    """The same mask as FlexAttention's ``BlockMask``, whose kernel skips the blocks in which no query attends to
+    any key (a completion's blocks against the other completions'): on a GPU the grouped pass then computes about
+    the pairs it needs instead of every pair of the segment."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def mask_mod(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
+        return _attends(segment, part, b, q, kv)
+
+    n_bins, capacity = segment.shape
+    return create_block_mask(mask_mod, B=n_bins, H=None, Q_LEN=capacity, KV_LEN=capacity, device=segment.device)

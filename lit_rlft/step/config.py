@@ -164,7 +164,8 @@ class OptimConfig:
     """Shared-prompt passes: each group's prompt computed once per micro-batch, its completions attending to it (a
     block mask; the grouped layout of Prefix Grouper), in the update's forward and backward and in the reference and
     old-policy passes. Equal to the per-row pass up to float rounding (1e-5 relative on every gradient, tested).
-    ``auto`` (the default): on where the model's attention takes a 4-D mask (sdpa, eager) and its family is one the
+    ``auto`` (the default): on where the model's attention takes a 4-D mask (sdpa, eager; flex_attention gets a
+    ``BlockMask`` whose kernel skips fully masked blocks) and its family is one the
     tests prove exact (Qwen2, Qwen3, Llama, Mistral), in every micro-batch whose grouped pass costs fewer FLOPs than
     its per-row one (:func:`~lit_rlft.step.batching.grouping_pays`: not long completions in large groups, whose
     segments attend to themselves whole); ``true``: on wherever the attention takes a 4-D mask;

@@ -128,7 +128,7 @@ def test_a_model_whose_attention_cannot_group_falls_back_with_one_warning(monkey
         assert updater.grouped(policy) is False and updater.grouped(policy) is False
     assert [str(w.message) for w in caught if "shared_prompt" in str(w.message)] == [
         "model.optim.shared_prompt='auto': Qwen2ForCausalLM runs per-row passes: its attention implementation is "
-        "'flash_attention_2', which takes no 4-D mask (shared-prompt passes need one of sdpa, eager)"]
+        "'flash_attention_2', which takes no 4-D mask (shared-prompt passes need one of sdpa, eager, flex_attention)"]
     monkeypatch.setattr(policy.config, "_attn_implementation", "sdpa")
     assert PolicyUpdater(loss, 1.0, shared_prompt="auto").grouped(policy) is True
     assert PolicyUpdater(loss, 1.0).grouped(policy) is True  # auto by default
@@ -231,3 +231,35 @@ def test_auto_runs_the_per_row_pass_bit_for_bit_where_grouping_does_not_pay():
     assert all(torch.equal(per_row[n], auto[n]) for n in per_row)
     assert not all(torch.equal(per_row[n], forced[n]) for n in per_row)
     _assert_same(per_row, forced, rtol=RTOL)
+
+
+def test_flex_attention_takes_the_mask_as_a_block_mask_and_gives_the_per_row_log_probs():
+    """With ``attn_implementation="flex_attention"`` the grouped pass hands FlexAttention a ``BlockMask`` (its kernel
+    skips the blocks no query attends in: the GPU path). FlexAttention has no backward on a CPU, so this checks the
+    no-grad passes (reference, old policy) here; ``scripts/gpu_check.py`` (check 9) checks the gradients on a GPU.
+    The first call compiles the kernel (about 10 s)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    from lit_rlft.step import batching
+
+    policy, roll = _policy().eval(), _rollouts(B=3, G=3)
+    rows, m = torch.arange(9), roll.completion_mask.bool()
+    with torch.no_grad():
+        per_row, ent = sequence_logprobs(policy, roll, rows, 0.8, "cpu", with_entropy=True)
+        policy.set_attn_implementation("flex_attention")
+        masks = []
+        real = batching._block_mask
+        batching._block_mask = lambda segment, part: masks.append(real(segment, part)) or masks[-1]
+        try:
+            flex, ent_f = sequence_logprobs(policy, roll, rows, 0.8, "cpu", with_entropy=True, grouped=True)
+        finally:
+            batching._block_mask = real
+    assert len(masks) == 1 and isinstance(masks[0], BlockMask)
+    torch.testing.assert_close(flex[m], per_row[m], rtol=RTOL, atol=1e-6)
+    torch.testing.assert_close(ent_f[m], ent[m], rtol=RTOL, atol=1e-6)
+    dense = batching._dense_block_mask(torch.tensor([[0, 0, 0, 0, -1]]), torch.tensor([[0, 1, 1, 2, -1]]))
+    assert dense[0].long().tolist() == [[1, 0, 0, 0, 0],  # the prompt
+                                        [1, 1, 0, 0, 0],  # completion 1: the prompt and itself
+                                        [1, 1, 1, 0, 0],
+                                        [1, 0, 0, 1, 0],  # completion 2: the prompt and itself, not completion 1
+                                        [0, 0, 0, 0, 1]]  # the bin's tail: itself
