@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from benchmarks.study.rollouts import countdown_rewards, sample_groups
-from lit_rlft.rollout import HFEngine, InProcessRollouts, RolloutEngine
+from lit_rlft.rollout import HFEngine, InProcessRollouts, RolloutEngine, SamplingConfig
 
 #: torch seed of every evaluation: all runs and points see the same sampling noise (common random numbers).
 EVAL_SEED = 1234
@@ -81,23 +81,28 @@ class EvalCallback(L.Callback):
 
     # ------------------------------------------------------------------------------------------------------
     def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        step = pl_module.grpo
+        return self.record(self.local_engine(step), pl_module.tokenizer, trainer.datamodule,
+                           step.generation.eval_sampling, step.generation.sampling,
+                           pl_module.hparams.success_threshold, int(step.rollout_step), int(step.budget.completions))
+
+    def record(self, engine: RolloutEngine, tokenizer: Any, dm: Any, sampling: SamplingConfig,
+               train_sampling: SamplingConfig, threshold: float, step: int, completions: int) -> dict[str, Any]:
+        """Measure the policy ``engine`` samples from and append the point to :attr:`curve` (any trainer's policy:
+        ``benchmarks/time_to_trl.py`` measures TRL's with it). ``dm``: the study's datamodule, set up, with its
+        tokenizer."""
         wall = time.perf_counter() - self.t0 - self.eval_s
         t = time.perf_counter()
-        step = pl_module.grpo
-        point: dict[str, Any] = {"step": int(step.rollout_step), "completions": int(step.budget.completions),
-                                 "wall_s": wall}
-        dm = trainer.datamodule
-        sampling, train_sampling = step.generation.eval_sampling, step.generation.sampling
-        threshold = pl_module.hparams.success_threshold
+        point: dict[str, Any] = {"step": step, "completions": completions, "wall_s": wall}
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(EVAL_SEED)
             val_ids = dm.pool("val").ids
-            _, correct = sample_groups(self.local_engine(step), pl_module.tokenizer, dm, self._rewards, val_ids, "val",
+            _, correct = sample_groups(engine, tokenizer, dm, self._rewards, val_ids, "val",
                                        self.k, sampling, max(1, self.chunk // self.k), threshold)
             point.update(self._by_difficulty("val/accuracy", correct.mean(axis=1),
                                              dm.reward_columns(val_ids, "val")["difficulty"], learnable=True))
             torch.manual_seed(EVAL_SEED + 1)
-            rewards, _ = sample_groups(self.local_engine(step), pl_module.tokenizer, dm, self._rewards, self.train_ids,
+            rewards, _ = sample_groups(engine, tokenizer, dm, self._rewards, self.train_ids,
                                        "train", self.train_generations, train_sampling,
                                        max(1, self.chunk // self.train_generations), threshold)
             point.update(self._by_difficulty("train_pool_reward", rewards.mean(axis=1),
