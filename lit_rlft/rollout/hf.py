@@ -90,6 +90,7 @@ class HFEngine(RolloutEngine):
         self.pad_token_id = 0
         self.eos_token_ids: list[int] = []
         self.synced = False
+        self._forward_params: set[str] = set()
 
     @classmethod
     def bound(cls, model: nn.Module, tokenizer: Any, **kwargs: Any) -> HFEngine:
@@ -101,11 +102,14 @@ class HFEngine(RolloutEngine):
     def setup(self, model: nn.Module, tokenizer: Any, sharded: bool = False) -> None:
         """Bind the policy, the pad id and the stop ids (any of them ends a completion and is part of its loss)."""
         self.model = model
+        self._forward_params = set(inspect.signature(hf_model(model).forward).parameters)  # read once, not per call
         self.pad_token_id = tokenizer.pad_token_id
         self.eos_token_ids = stop_token_ids(hf_model(model), tokenizer)
         self.synced = sharded
 
     def sync_weights(self, model: nn.Module) -> None:
+        if model is not self.model:
+            self._forward_params = set(inspect.signature(hf_model(model).forward).parameters)
         self.model = model
 
     @torch.no_grad()
@@ -212,8 +216,7 @@ class HFEngine(RolloutEngine):
         distinct, row_of = torch.unique_consecutive(torch.cat([input_ids, attn], dim=1), dim=0, return_inverse=True)
         ids, mask = distinct[:, : input_ids.shape[1] - 1], distinct[:, input_ids.shape[1] :][:, :-1]  # [u, P - 1]
         positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)  # as generate numbers left-padded rows
-        keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(hf_model(self.model).forward).parameters \
-            else {}  # the prefill's logits are not used
+        keep = {"logits_to_keep": 1} if "logits_to_keep" in self._forward_params else {}  # its logits are unused
         self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                    **{self._cache_name: cache}, **keep)
         cache.batch_select_indices(row_of)  # [u] -> [n] rows: each group's prompt copied to its G samples
@@ -239,8 +242,7 @@ class HFEngine(RolloutEngine):
     @property
     def _cache_name(self) -> str:
         """``generate``'s name for the KV cache: ``cache`` in transformers >= 5.2x, ``past_key_values`` before."""
-        return "cache" if "cache" in inspect.signature(hf_model(self.model).forward).parameters \
-            else "past_key_values"
+        return "cache" if "cache" in self._forward_params else "past_key_values"
 
     def _generate_kwargs(self, sampling: SamplingConfig, max_new_tokens: int,
                          recorder: SampledLogprobs | None = None) -> dict[str, Any]:
