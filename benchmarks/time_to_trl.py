@@ -12,8 +12,9 @@ Per seed, one after another on the same cores (one torch thread each):
   (0.9, 0.99), clipping 1.0, no KL), one optimizer step per generation batch, until the study's budget of
   completions;
 - ``uniform``: lit_rlft's default (the study's ``uniform`` run);
-- the recipe (``--recipe``, default ``dps``: DPS with candidate sets, the strategy that beat uniform beyond the seed
-  spread on the skewed 1,000-prompt pool): the study's run of that strategy.
+- the recipes (``--recipe``, default ``dps_c8``: DPS ranking a fresh candidate set of 8 x B prompts each step, the
+  strategy that beat uniform beyond the seed spread on the skewed 1,000-prompt pool; several may be given): the
+  study's run of each.
 
 Every run is evaluated by the study's :class:`~benchmarks.study.evaluation.EvalCallback` (its ``record``): held-out
 accuracy (``val/accuracy/learnable``: 3 and 4 numbers) at the start and whenever cumulative completions cross one of
@@ -39,8 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.study.config import RunSpec, StudyConfig  # noqa: E402
-from benchmarks.study.stats import crossing  # noqa: E402
+from benchmarks.study.config import STRATEGIES, RunSpec, StudyConfig  # noqa: E402
+from benchmarks.study.stats import crossing, mean_interval  # noqa: E402
 
 ACCURACY = "val/accuracy/learnable"
 
@@ -123,18 +124,21 @@ def trl_run(cfg: StudyConfig, pool_size: int, seed: int, warm_start: str, out: P
         num_iterations=1, loss_type=cfg.loss_type, scale_rewards=cfg.scale_rewards, use_vllm=False,
         shuffle_dataset=True, seed=seed, data_seed=seed, report_to=[], logging_steps=10**6, max_steps=steps,
         use_cpu=True, gradient_checkpointing=False, save_strategy="no", dataloader_num_workers=0,
-        disable_tqdm=True,
+        disable_tqdm=True, bf16=False, fp16=False,  # TRL's GRPOConfig defaults to bf16=True: autocast, even on a CPU
     )
     model = AutoModelForCausalLM.from_pretrained(warm_start, dtype=torch.float32)
     trainer = GRPOTrainer(model=model, reward_funcs=[countdown], args=config, train_dataset=dataset,
                           processing_class=tok, callbacks=[Measure()])
     trainer.remove_callback(transformers.PrinterCallback)
+    if trainer.accelerator.mixed_precision != "no":
+        raise RuntimeError(f"TRL would train under {trainer.accelerator.mixed_precision} autocast; lit_rlft trains in "
+                           "float32: the comparison would not be at equal precision")
     t0 = time.perf_counter()
     trainer.train()
     fit_s = time.perf_counter() - t0
     curve = evaluator.curve
     return {"run": f"trl-pool{pool_size}-seed{seed}", "seed": seed, "status": "ok", "curve": curve,
-            "steps": steps, "same_prompt_tokens": same_tokens,
+            "steps": steps, "same_prompt_tokens": same_tokens, "mixed_precision": trainer.accelerator.mixed_precision,
             "timings": {"fit_s": fit_s, "eval_s": evaluator.eval_s, "train_wall_s": curve[-1]["wall_s"]}}
 
 
@@ -178,6 +182,10 @@ def summarise(trl: list[dict[str, Any]], lit: dict[str, list[dict[str, Any]]]) -
             "median_wall_s": statistics.median(walls) if walls else None,
             "median_completions": statistics.median(comps) if comps else None,
             "final_accuracy": statistics.mean(r["curve"][-1][ACCURACY] for r in runs),
+            # the arm's final accuracy minus TRL's, paired by seed [95% t-interval]
+            "final_diff_vs_trl": mean_interval([r["curve"][-1][ACCURACY] - t["curve"][-1][ACCURACY]
+                                                for r, t in zip(runs, trl)]),
+            "train_wall_s": statistics.mean(r["timings"]["train_wall_s"] for r in runs),
         }
         if arms[name]["median_wall_s"] is not None:
             arms[name]["wall_ratio_to_trl"] = arms[name]["median_wall_s"] / trl_wall if trl_wall else None
@@ -190,14 +198,18 @@ def summarise(trl: list[dict[str, Any]], lit: dict[str, list[dict[str, Any]]]) -
 def table(summary: dict[str, Any]) -> str:
     lines = [f"TRL's final held-out accuracy (3 and 4 numbers): {summary['trl_final_accuracy']:.3f} after "
              f"{summary['trl_completions']:.0f} completions and {summary['trl_train_wall_s']:.0f} s of training",
-             "| lit_rlft | final accuracy | reached TRL's (seeds) | completions to it (x TRL's) | "
-             "training wall-clock to it (x TRL's) |", "|---|---|---|---|---|"]
+             "| lit_rlft | final accuracy | minus TRL's (paired) | reached TRL's (seeds) | completions to it "
+             "(x TRL's) | training wall-clock to it (x TRL's) | training wall-clock for the budget |",
+             "|---|---|---|---|---|---|---|"]
     for name, a in summary["arms"].items():
         comps = (f"{a['median_completions']:.0f} ({a['completions_ratio_to_trl']:.2f}x)"
                  if a["median_completions"] is not None else "never")
         wall = (f"{a['median_wall_s']:.1f} s ({a['wall_ratio_to_trl']:.2f}x)" if a["median_wall_s"] is not None
                 else "never")
-        lines.append(f"| {name} | {a['final_accuracy']:.3f} | {a['reached']}/{a['seeds']} | {comps} | {wall} |")
+        d = a["final_diff_vs_trl"]
+        diff = (f"{d['mean']:+.3f}" + (f" [{d['low']:+.3f}, {d['high']:+.3f}]" if d["low"] is not None else ""))
+        lines.append(f"| {name} | {a['final_accuracy']:.3f} | {diff} | {a['reached']}/{a['seeds']} | {comps} | {wall} "
+                     f"| {a['train_wall_s']:.0f} s |")
     return "\n".join(lines)
 
 
@@ -207,7 +219,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pool-size", type=int, default=4000, help="the study's demo pool (about half a pass)")
     p.add_argument("--skewed", action="store_true", help="the study's skewed pool composition")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--recipe", default="dps", help="the lit_rlft strategy beside uniform (a study strategy)")
+    p.add_argument("--recipe", nargs="+", default=["dps_c8"],
+                   help="the lit_rlft strategies beside uniform (study strategies)")
     p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="StudyConfig fields (JSON values)")
     return p.parse_args(argv)
 
@@ -220,6 +233,10 @@ def config(args: argparse.Namespace) -> StudyConfig:
             raise SystemExit(f"--set {item}: StudyConfig has no field {key!r}")
         setattr(cfg, key, json.loads(value))
     cfg.pool_sizes = [args.pool_size]
+    unknown = [name for name in args.recipe if name not in STRATEGIES or name == "uniform"]
+    if unknown:
+        raise SystemExit(f"--recipe {' '.join(unknown)}: not a study strategy beside uniform; choose from "
+                         f"{', '.join(s for s in STRATEGIES if s != 'uniform')}")
     return cfg
 
 
@@ -234,11 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     warm_start = resolve_warm_start(cfg, out, cfg.sft_threads)
     trl: list[dict[str, Any]] = []
-    lit: dict[str, list[dict[str, Any]]] = {"uniform": [], args.recipe: []}
+    lit: dict[str, list[dict[str, Any]]] = {name: [] for name in ["uniform", *args.recipe]}
     for seed in args.seeds:
         path = out / "runs" / f"trl-pool{args.pool_size}-seed{seed}.json"
         record = json.loads(path.read_text()) if path.exists() else None
-        if record is None or record.get("fingerprint") != cfg.run_fingerprint():
+        if (record is None or record.get("fingerprint") != cfg.run_fingerprint()
+                or record.get("mixed_precision") != "no"):  # records from before bf16=False are run again
             record = {**trl_run(cfg, args.pool_size, seed, warm_start, out), "fingerprint": cfg.run_fingerprint()}
             write_json(path, record)
         trl.append(record)
@@ -248,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
               + ", ".join(f"{n} {lit[n][-1]['curve'][-1][ACCURACY]:.3f}" for n in lit), flush=True)
     summary = summarise(trl, lit)
     result = {"command": "python -m benchmarks.time_to_trl " + " ".join(sys.argv[1:] if argv is None else argv),
-              "config": cfg.to_dict(), "pool_size": args.pool_size, "seeds": args.seeds, "recipe": args.recipe,
+              "config": cfg.to_dict(), "pool_size": args.pool_size, "seeds": args.seeds, "recipes": args.recipe,
               "warm_start": warm_start, "summary": summary, "table_markdown": table(summary)}
     write_json(out / "time_to_trl.json", result)
     print(result["table_markdown"])

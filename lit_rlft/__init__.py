@@ -26,6 +26,7 @@ from lit_rlft.callbacks import (
     SelectionCallback,
     SequentialSamplingCallback,
     SuccessRateRecorder,
+    UniformHandbackCallback,
 )
 from lit_rlft.core.losses import GRPOLoss
 from lit_rlft.core.types import OutcomeRecord, Rollouts
@@ -58,6 +59,6 @@ __all__ = [
     "FabricLoop", "GuessNumberEnv", "GuessNumberTask", "ToolEnvironment", "GRESOCallback", "GRPOLoss",
     "GRPOConfig", "GRPOModule", "GRPOStep", "GenerationConfig", "HFEngine", "HistoryResamplingCallback", "MoPPSCallback", "LoRAConfig", "OptimConfig", "OutcomeRecord", "PolicyUpdater", "PromptDataModule",
     "ReplayCallback", "RewardRunner", "RolloutBudgetStop", "RolloutEngine", "RolloutHook", "RolloutWorker",
-    "Rollouts", "SamplingConfig", "ScreeningCallback", "SelectionCallback", "SequentialSamplingCallback", "StepContext", "StepOutput", "StopCondition", "SuccessRateRecorder", "TinyConfig", "TorchBackend",
+    "Rollouts", "SamplingConfig", "ScreeningCallback", "SelectionCallback", "SequentialSamplingCallback", "StepContext", "StepOutput", "StopCondition", "SuccessRateRecorder", "TinyConfig", "TorchBackend", "UniformHandbackCallback",
     "__version__", "build_models", "build_step", "fsdp2_parallelize",
 ]

@@ -13,7 +13,7 @@ from typing import Any
 STRATEGIES: tuple[str, ...] = (
     "uniform", "dynamic_sampling", "history", "dots", "dots_replay", "dps", "dps_c8", "dps_replay", "dps_cold_start",
     "mopps", "greso", "screening", "sequential", "allocation_dps", "allocation_mopps", "allocation_dots",
-    "allocation_dps_cold", "dps_content_prior", "allocation_dots_broad",
+    "allocation_dps_cold", "dps_content_prior", "allocation_dots_broad", "dps_c8_handback",
 )
 
 #: ``StudyConfig`` fields read only by ``benchmarks.study.strategies`` (they reach a run through its callbacks'
@@ -24,7 +24,7 @@ STRATEGY_FIELDS: frozenset[str] = frozenset({
     "dynamic_max_rounds", "screening_generations", "screening_max_rounds", "sequential_initial_generations",
     "sequential_round_generations", "sequential_max_generations", "allocation_min_generations",
     "allocation_max_generations", "allocation_budget_ratio", "allocation_granularity", "allocation_min_gain",
-    "content_prior_reference_size", "broad_dots_tau",
+    "content_prior_reference_size", "broad_dots_tau", "handback_start_passes", "handback_end_passes",
 })
 
 #: The skewed pool's settings (:meth:`StudyConfig.skewed`, ``--skewed``).
@@ -41,7 +41,9 @@ class StudyConfig:
     Pools and seeds: the first entry of ``pool_sizes`` is the main comparison (every strategy, every seed in
     ``seeds``); the other pool sizes get the strategies of ``sweep_strategies`` (``None``: all) with the first
     ``sweep_seeds`` seeds. The default second pool, 1,000 prompts under the same budget (4.8 passes over the pool),
-    is the multi-epoch setting, closer to the papers' regime of many passes.
+    is the multi-epoch setting, closer to the papers' regime of many passes. ``strategy_seeds`` runs some strategies
+    on fewer seeds (the first N of ``seeds``), e.g. 5 seeds for the strategies whose differences are small and 3 for
+    the rest; paired differences use the seeds both strategies ran.
 
     Task: the training pool is ``CountdownTask(size=N, num_numbers=num_numbers (+ [5] with five_numbers),
     weights=bucket_weights, split="train", seed=pool_seed)``: ``bucket_weights`` (one per entry of
@@ -69,6 +71,7 @@ class StudyConfig:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     pool_sizes: list[int] = field(default_factory=lambda: [4000, 1000])
     sweep_seeds: int = 3
+    strategy_seeds: dict[str, int] | None = None  # strategy -> how many of the seeds it runs (None/absent: all)
     sweep_strategies: list[str] | None = field(default_factory=lambda: list(SWEEP_STRATEGIES))
     # -- task ------------------------------------------------------------------------------------------------
     num_numbers: list[int] = field(default_factory=lambda: [2, 3, 4])
@@ -135,6 +138,10 @@ class StudyConfig:
     allocation_granularity: int = 2
     allocation_min_gain: float = 0.01
     broad_dots_tau: float = 100.0  # allocation_dots_broad: DOTS' selection temperature, so high its choice is uniform
+    # dps_c8_handback: the batch handed back to uniform sampling from 2 to 4 passes over the pool (where the
+    # selectors' early lead over uniform ended in the pool-1,000 and pool-200 studies)
+    handback_start_passes: float = 2.0
+    handback_end_passes: float = 4.0
     content_prior_reference_size: int = 256  # dps_content_prior: the last 256 observed prompts (8 steps of B=32)
     # -- execution and statistics ----------------------------------------------------------------------------
     jobs: int = 2
@@ -149,6 +156,14 @@ class StudyConfig:
             raise ValueError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
         if not self.strategies or not self.seeds or not self.pool_sizes:
             raise ValueError("strategies, seeds and pool_sizes must be non-empty")
+        if self.strategy_seeds is not None:
+            self.strategy_seeds = {str(k): int(v) for k, v in self.strategy_seeds.items()}
+            wrong = [k for k in self.strategy_seeds if k not in STRATEGIES]
+            if wrong:
+                raise ValueError(f"strategy_seeds names unknown strategies {wrong}; choose from {', '.join(STRATEGIES)}")
+            small = {k: v for k, v in self.strategy_seeds.items() if v < 1}
+            if small:
+                raise ValueError(f"strategy_seeds must give each strategy at least 1 seed, got {small}")
         if self.budget_completions < self.batch_size * self.num_generations:
             raise ValueError(f"budget_completions ({self.budget_completions}) is less than one step "
                              f"({self.batch_size} x {self.num_generations})")
@@ -207,10 +222,17 @@ class StudyConfig:
     def runs(self) -> list[RunSpec]:
         """All runs, main pool first (seed-major, so every strategy gets seed 0 early), then the sweep."""
         main, *sweep = self.pool_sizes
-        specs = [RunSpec(s, main, seed) for seed in self.seeds for s in self.strategies]
+        specs = [RunSpec(s, main, seed) for seed in self.seeds for s in self.strategies if seed in self.seeds_of(s)]
         for size in sweep:
-            specs += [RunSpec(s, size, seed) for seed in self.seeds[: self.sweep_seeds] for s in self.strategies_at(size)]
+            specs += [RunSpec(s, size, seed) for seed in self.seeds[: self.sweep_seeds] for s in self.strategies_at(size)
+                      if seed in self.seeds_of(s)]
         return specs
+
+    def seeds_of(self, strategy: str) -> list[int]:
+        """The seeds ``strategy`` runs: the first ``strategy_seeds[strategy]`` of ``seeds`` (all without an entry).
+        Paired comparisons use the seeds two strategies share."""
+        count = (self.strategy_seeds or {}).get(strategy)
+        return list(self.seeds) if count is None else list(self.seeds[:count])
 
     def strategies_at(self, pool_size: int) -> list[str]:
         """The strategies run at ``pool_size`` (all of them at the main pool)."""
@@ -231,7 +253,7 @@ class StudyConfig:
         settings in :data:`STRATEGY_FIELDS`): a finished run is reused on a re-run only when this matches *and* its
         recorded callback settings match what the study passes now (``benchmarks.study.study.retire_stale_runs``),
         so changing one strategy's setting re-runs that strategy only."""
-        skip = {"strategies", "seeds", "pool_sizes", "sweep_seeds", "sweep_strategies", "jobs", "run_timeout_s",
+        skip = {"strategies", "seeds", "pool_sizes", "sweep_seeds", "strategy_seeds", "sweep_strategies", "jobs", "run_timeout_s",
                 "confidence", "sft_threads", "degeneracy_sample", "degeneracy_generations", "degenerate_target",
                 *STRATEGY_FIELDS}
         data = {k: v for k, v in self.to_dict().items() if k not in skip}

@@ -26,6 +26,7 @@ from typing import Any
 from benchmarks.study.config import StudyConfig
 from benchmarks.study.derived import summarise_pool
 from benchmarks.study.jsonio import read_json
+from benchmarks.study.passes import block as passes_block
 from benchmarks.study.report import _table, at_marks_rows, baseline_final_lines, results_markdown, settings_lines
 from benchmarks.study.strategies import settings_match, strategy_settings
 
@@ -64,6 +65,7 @@ def blocks(cfg: StudyConfig, study: dict[str, Any]) -> dict[str, Callable[[], li
     out: dict[str, Callable[[], list[str]]] = {
         "settings": lambda: settings_lines(study),
         "at-marks": lambda: _at_marks_block(cfg, study),
+        "saving-vs-passes": lambda: passes_block(),  # its own recorded studies (benchmarks.study.passes)
     }
     for size in [main, *others]:  # the method is said once, in the first pool's block
         out[f"to-baseline-final-{size}"] = (lambda z=size: baseline_final_lines(

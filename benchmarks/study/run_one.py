@@ -29,7 +29,7 @@ SERIES_TAGS = ("effective_ratio", "reward", "time/step_s", "time/generation_s", 
                "dots/pearson", "dots/reference_pearson", "dps/accuracy", "dps/cold_start_pearson",
                "dps/cold_start_reference_pearson", "frac_reward_zero_std")
 SERIES_PREFIXES = ("replay/", "dynamic_sampling/", "budget/completions_", "composition/", "greso/", "mopps/",
-                   "screening/", "sequential/", "allocation/")
+                   "screening/", "sequential/", "allocation/", "handback/")
 
 
 def run_json_path(out_dir: str | Path, spec: RunSpec) -> Path:

@@ -30,6 +30,7 @@ from lit_rlft.callbacks import (
     ReplayCallback,
     ScreeningCallback,
     SequentialSamplingCallback,
+    UniformHandbackCallback,
 )
 
 #: The ``SelectionCallback.name`` each strategy logs its ``<name>/overhead_s`` under (None: no selection callback).
@@ -38,7 +39,7 @@ SELECTION_NAME: dict[str, str | None] = {
     "dps": "dps", "dps_c8": "dps", "dps_replay": "dps", "dps_cold_start": "dps", "mopps": "mopps", "greso": "greso",
     "screening": None, "sequential": None, "allocation_dps": "dps", "allocation_mopps": "mopps",
     "allocation_dots": "dots", "allocation_dps_cold": "dps", "dps_content_prior": "dps",
-    "allocation_dots_broad": "dots",
+    "allocation_dots_broad": "dots", "dps_c8_handback": "dps",
 }
 
 #: Arguments that say where a run keeps files, not what it does: left out of the recorded settings.
@@ -139,6 +140,9 @@ def strategy_specs(name: str, cfg: StudyConfig, seed: int, cache_dir: str = ".ca
     - ``allocation_dots_broad``: the allocation from DOTS' predictions, with DOTS' selection temperature
       ``broad_dots_tau`` so high that it picks prompts uniformly: Knapsack RL's setting (the sampler's batch as it
       comes, the completions moved between its prompts), with DOTS' reference sets as the predictor.
+    - ``dps_c8_handback``: ``dps_c8`` followed by :class:`~lit_rlft.callbacks.UniformHandbackCallback`, which hands
+      the batch back to uniform sampling between ``handback_start_passes`` and ``handback_end_passes`` passes over
+      the pool (the remedy for selection's early lead turning into a deficit over many passes).
     - ``dps_content_prior``: ``dps_c8`` whose unseen prompts start from the success rate DOTS' attention predicts from
       the last ``content_prior_reference_size`` prompts DPS observed (``reference="observed"``: no reference
       rollouts); the cheap content prior, against ``dps_cold_start``'s rolled-out reference sets.
@@ -176,6 +180,10 @@ def strategy_specs(name: str, cfg: StudyConfig, seed: int, cache_dir: str = ".ca
         return [dps(candidate_ratio=cfg.dps_candidate_ratio)]
     if name == "dps_replay":
         return [dps(), replay()]
+    if name == "dps_c8_handback":
+        return [dps(candidate_ratio=cfg.dps_candidate_ratio),
+                CallbackSpec(UniformHandbackCallback, dict(start_passes=cfg.handback_start_passes,
+                                                           end_passes=cfg.handback_end_passes, seed=seed))]
     if name == "mopps":
         return [CallbackSpec(MoPPSCallback, dict(candidate_ratio=cfg.mopps_candidate_ratio, decay=cfg.mopps_decay,
                                                  target=MOPPS_TARGET, prior=MOPPS_PRIOR, seed=seed))]

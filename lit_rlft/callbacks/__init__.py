@@ -16,6 +16,7 @@ from lit_rlft.callbacks.dots import DOTSCallback
 from lit_rlft.callbacks.dps import DPSCallback
 from lit_rlft.callbacks.dynamic import DynamicSamplingCallback
 from lit_rlft.callbacks.greso import GRESOCallback
+from lit_rlft.callbacks.handback import UniformHandbackCallback
 from lit_rlft.callbacks.history import HistoryResamplingCallback
 from lit_rlft.callbacks.mopps import MoPPSCallback
 from lit_rlft.callbacks.recorder import SuccessRateRecorder
@@ -28,5 +29,5 @@ __all__ = [
     "AllocationCallback", "BatchCompositionLogger", "CompletionLogger", "DOTSCallback", "DPSCallback", "DifficultyPredictorConfig",
     "DynamicSamplingCallback", "GRESOCallback", "HistoryResamplingCallback", "MoPPSCallback", "ReplayCallback",
     "RolloutBudgetStop", "RolloutHook", "ScreeningCallback", "SelectionCallback", "SequentialSamplingCallback",
-    "SuccessRateRecorder",
+    "SuccessRateRecorder", "UniformHandbackCallback",
 ]

@@ -54,6 +54,11 @@ class BatchPlan:
         """What the next :meth:`next_batch` will return, if a callback scheduled it."""
         return self._scheduled
 
+    @property
+    def scheduled_by(self) -> str | None:
+        """The ``source`` that scheduled :attr:`scheduled` (None when nothing is scheduled)."""
+        return self._scheduled_by
+
     def next_batch(self) -> np.ndarray:
         """Ids ``[b]`` for the step that is starting: the scheduled ones, else a uniform batch."""
         if self._scheduled is not None:

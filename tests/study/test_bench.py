@@ -103,11 +103,31 @@ def test_study_config_runs_and_quick():
     assert RunSpec("history", 1000, 0).name not in names
     assert StudyConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
     default = StudyConfig()
-    assert len(default.runs()) == 19 * 3 + 7 * 3  # the study's design: 78 runs
+    assert len(default.runs()) == 20 * 3 + 7 * 3  # the study's design: 81 runs
     quick = StudyConfig.quick()
-    assert len(quick.runs()) == 19 and quick.budget_completions < cfg.budget_completions
+    assert len(quick.runs()) == 20 and quick.budget_completions < cfg.budget_completions
     with pytest.raises(ValueError, match="unknown strategies"):
         StudyConfig(strategies=["nope"])
+
+
+def test_strategy_seeds_run_some_strategies_on_fewer_seeds_without_changing_a_run():
+    cfg = StudyConfig(strategies=["uniform", "dps", "greso"], seeds=[0, 1, 2, 3, 4], pool_sizes=[200],
+                      strategy_seeds={"dps": 3})
+    names = [s.name for s in cfg.runs()]
+    assert len(names) == 5 + 3 + 5
+    assert RunSpec("dps", 200, 2).name in names and RunSpec("dps", 200, 3).name not in names
+    assert RunSpec("greso", 200, 4).name in names
+    assert names[:3] == ["uniform-pool200-seed0", "dps-pool200-seed0", "greso-pool200-seed0"]  # seed-major
+    assert cfg.seeds_of("dps") == [0, 1, 2] and cfg.seeds_of("uniform") == [0, 1, 2, 3, 4]
+    # a run's identity does not depend on how many seeds its strategy gets: finished runs are reused
+    assert cfg.run_fingerprint() == StudyConfig(strategies=["uniform", "dps", "greso"], seeds=[0, 1, 2, 3, 4],
+                                                pool_sizes=[200]).run_fingerprint()
+    a = bench_cli.parser().parse_args(["--set", 'strategy_seeds={"dps": 3}'])
+    assert bench_cli.config_from_args(a).strategy_seeds == {"dps": 3}
+    with pytest.raises(ValueError, match="strategy_seeds names unknown strategies"):
+        StudyConfig(strategy_seeds={"dsp": 3})
+    with pytest.raises(ValueError, match="at least 1 seed"):
+        StudyConfig(strategy_seeds={"dps": 0})
 
 
 def test_set_overrides_any_study_field_and_rejects_unknown_ones(capsys):

@@ -1,5 +1,5 @@
 """``benchmarks/time_to_trl.py`` in its smallest setting, end to end: TRL's ``GRPOTrainer`` and lit_rlft's uniform and
-DPS runs on an untrained tiny policy, a 16-prompt pool and a few steps; checks what each run records and that the
+DPS (candidate sets) runs on an untrained tiny policy, a 16-prompt pool and a few steps; checks what each run records and that the
 summary is computed from the curves (not the numbers' meaning)."""
 
 from __future__ import annotations
@@ -30,13 +30,14 @@ def test_the_smallest_setting_runs_trl_and_lit_rlft_and_summarises_the_crossings
     result = json.loads((out / "time_to_trl.json").read_text())
     trl = json.loads((out / "runs" / "trl-pool16-seed0.json").read_text())
     assert trl["same_prompt_tokens"] and trl["steps"] == 3
+    assert trl["mixed_precision"] == "no"  # TRL's default bf16=True would autocast even on a CPU
     assert [p["completions"] for p in trl["curve"]] == [0, 8, 12]  # the start and the marks (6 and 12): 4 per step
-    for name in ("uniform-pool16-seed0", "dps-pool16-seed0"):
+    for name in ("uniform-pool16-seed0", "dps_c8-pool16-seed0"):
         run = json.loads((out / "runs" / f"{name}.json").read_text())
         assert run["status"] == "ok" and run["curve"][0]["completions"] == 0
     summary = result["summary"]
     assert summary["trl_final_accuracy"] == trl["curve"][-1]["val/accuracy/learnable"]
-    assert set(summary["arms"]) == {"uniform", "dps"}
+    assert set(summary["arms"]) == {"uniform", "dps_c8"}
     for arm in summary["arms"].values():
         assert arm["seeds"] == 1 and 0 <= arm["reached"] <= 1
     assert "TRL's final held-out accuracy" in result["table_markdown"]

@@ -1,0 +1,81 @@
+"""``benchmarks.study.passes``: selection's saving against passes over the pool, read from recorded studies. The
+figures are checked against values computed by hand from small synthetic curves (no training here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks.study import docs, passes
+from benchmarks.study.config import SKEWED_POOL, StudyConfig
+from benchmarks.study.jsonio import write_json
+
+ACC = "val/accuracy/learnable"
+
+
+def _run(strategy: str, pool: int, seed: int, points: list[tuple[int, float]]) -> dict:
+    curve = [{"step": i, "completions": c, "wall_s": 10.0 * i, ACC: a, "val/accuracy": a, "train_pool_reward": a}
+             for i, (c, a) in enumerate(points)]
+    return {"run": f"{strategy}-pool{pool}-seed{seed}", "strategy": strategy, "pool_size": pool, "seed": seed,
+            "status": "ok", "curve": curve, "series": {}, "callbacks": []}
+
+
+def _study(path: Path, cfg: StudyConfig, runs: list[dict]) -> None:
+    write_json(path, {"config": cfg.to_dict(), "runs": runs})
+
+
+@pytest.fixture
+def recorded(tmp_path: Path) -> Path:
+    balanced = StudyConfig(strategies=["uniform", "dps_c8"], seeds=[0, 1], pool_sizes=[4000])
+    runs = [_run("uniform", 4000, 0, [(0, 0.1), (19200, 0.2), (38400, 0.30)]),
+            _run("uniform", 4000, 1, [(0, 0.1), (19200, 0.2), (38400, 0.32)]),
+            _run("dps_c8", 4000, 0, [(0, 0.1), (19200, 0.41), (38400, 0.40)]),
+            _run("dps_c8", 4000, 1, [(0, 0.1), (19200, 0.41), (38400, 0.40)])]
+    _study(tmp_path / "balanced_pool4000.json", balanced, runs)
+    skewed = StudyConfig.skewed(strategies=["uniform", "greso"], seeds=[0, 1], pool_sizes=[200])
+    runs = [_run("uniform", 200, s, [(0, 0.1), (38400, 0.25)]) for s in (0, 1)]
+    runs += [_run("greso", 200, s, [(0, 0.1), (38400, 0.20)]) for s in (0, 1)]  # never reaches 0.25
+    _study(tmp_path / "skewed_pool200.json", skewed, runs)
+    return tmp_path
+
+
+def test_each_setting_is_placed_by_its_passes_and_composition(recorded):
+    rows = passes.settings(recorded)
+    assert [(r["composition"], r["pool"], r["strategy"]) for r in rows] == [
+        ("balanced", 4000, "uniform"), ("balanced", 4000, "dps_c8"), ("skewed", 200, "uniform"),
+        ("skewed", 200, "greso")]
+    assert rows[0]["passes"] == pytest.approx(38_400 / (8 * 4000)) and rows[2]["passes"] == pytest.approx(24.0)
+    assert SKEWED_POOL["bucket_weights"] and passes.composition(StudyConfig()) == "balanced"
+
+
+def test_the_saving_and_the_paired_difference_are_the_hand_computed_ones(recorded):
+    dps = passes.settings(recorded)[1]
+    # uniform's final accuracy: (0.30 + 0.32) / 2 = 0.31; DPS crosses it at 19,200 x 0.21 / 0.31 completions of the
+    # same seed's uniform run's 38,400, in both seeds
+    assert dps["to_uniform"]["ratio"] == pytest.approx(19_200 * 0.21 / 0.31 / 38_400)
+    assert dps["diff"]["mean"] == pytest.approx(((0.40 - 0.30) + (0.40 - 0.32)) / 2)
+    greso = passes.settings(recorded)[3]
+    assert greso["to_uniform"]["ratio"] is None and greso["to_uniform"]["a_not_reached"] == 2
+    table = "\n".join(passes.table_lines(passes.settings(recorded)))
+    assert "| balanced 4,000 | 1.2 | dps_c8 | 2 | 0.400 |" in table
+    assert "never (2/2 seeds)" in table and "| skewed 200 | 24.0 | greso | 2 | 0.200 | **-0.050 [" in table
+
+
+def test_the_figure_is_drawn_and_the_block_is_one_of_the_pages_generated_blocks(recorded, tmp_path):
+    figure = passes.plot(passes.settings(recorded), tmp_path / "fig.png")
+    assert figure.stat().st_size > 10_000
+    rows = passes.settings(recorded)
+    assert passes.block(recorded)[2 : 2 + len(rows) + 2] == passes.table_lines(rows)
+    marks = "\n".join(passes.at_marks_lines(rows))
+    # uniform's curve at 6,400 completions (interpolated): 0.1 + 0.1 x 6,400 / 19,200; DPS's 0.1 + 0.31 x 6,400 / 19,200
+    d = 0.31 / 3 - 0.1 / 3  # the same in both seeds: a zero-width interval
+    assert f"| balanced 4,000 | 1.2 | dps_c8 | **{d:+.3f} [{d:+.3f}, {d:+.3f}]** |" in marks
+    assert len(passes.composition_lines(rows)) == 2 + len(rows)
+    cfg, study = docs.load_study()
+    assert "saving-vs-passes" in docs.blocks(cfg, study)
+
+
+def test_an_empty_folder_is_an_error_naming_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match=str(tmp_path)):
+        passes.settings(tmp_path)
