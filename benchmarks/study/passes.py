@@ -1,6 +1,8 @@
 """``python -m benchmarks.study.passes``: what selection saves against passes over the pool, from recorded studies.
 
-    python -m benchmarks.study.passes            # rewrite docs/results/saving_vs_passes.png and its block
+    python -m benchmarks.study.passes --add runs/many_pass_skewed_200/study.json   # record a finished study
+    python -m benchmarks.study.passes            # rewrite docs/results/saving_vs_passes.png and print the tables
+    python -m benchmarks.study.docs              # rewrite the results page's generated blocks, this one included
     python -m benchmarks.study.docs --check      # checks the block too (it is one of the page's generated blocks)
 
 Every ``docs/results/passes/*.json`` is one recorded study (``study.json`` as ``python -m benchmarks.study`` writes
@@ -228,12 +230,36 @@ def plot(rows: list[dict[str, Any]], path: Path = FIGURE) -> Path:
     return path
 
 
+def add(study_json: Path, directory: Path = PASSES_DIR) -> Path:
+    """Record a finished study (``<out>/study.json``) as ``<composition>_pool<size>.json`` in ``directory``, compact
+    (its configuration, warm start, degeneracy and runs as written; the summaries are recomputed when read)."""
+    import json
+
+    from benchmarks.study.jsonio import read_json
+
+    study = read_json(study_json)
+    if study is None or "config" not in study or "runs" not in study:
+        raise FileNotFoundError(f"{study_json}: not a finished study's study.json")
+    cfg = StudyConfig.from_dict(study["config"])
+    if len(cfg.pool_sizes) != 1:
+        raise ValueError(f"{study_json}: one pool size per recorded study, got {cfg.pool_sizes}")
+    keep = {k: study[k] for k in ("config", "warm_start", "degeneracy", "runs") if k in study}
+    path = directory / f"{composition(cfg)}_pool{cfg.pool_sizes[0]}.json"
+    directory.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(keep, separators=(",", ":"), allow_nan=False), encoding="utf-8")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.study.passes", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dir", type=Path, default=PASSES_DIR, help=f"recorded studies (default {PASSES_DIR})")
     p.add_argument("--figure", type=Path, default=FIGURE, help=f"where the figure goes (default {FIGURE})")
+    p.add_argument("--add", type=Path, nargs="*", default=[], metavar="STUDY_JSON",
+                   help="record finished studies (their study.json) in --dir first")
     a = p.parse_args(argv)
+    for path in a.add:
+        print(f"recorded {add(path, a.dir)}")
     rows = settings(a.dir)
     print("\n".join(table_lines(rows)))
     print(f"wrote {plot(rows, a.figure)}")

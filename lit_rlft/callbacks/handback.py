@@ -27,7 +27,7 @@ class UniformHandbackCallback(StepCallback):
         end_passes: passes from which the whole batch is uniform (linear in between).
         seed: chooses which of the selector's prompts give way.
 
-    Logs ``handback/share`` (of the batch just planned) and ``handback/passes``.
+    Logs ``handback/share`` (of the next batch) and ``handback/passes`` after every step.
     """
 
     name = "handback"
@@ -64,17 +64,18 @@ class UniformHandbackCallback(StepCallback):
 
     def after_step(self, ctx: StepContext, output: StepOutput) -> None:
         self.draws += int(output.record.fresh().prompt_ids.numel())
-        share = self._hand_back(ctx) if not ctx.ends_after_this_step() else 0.0
+        if not ctx.ends_after_this_step():  # nothing is planned after the last step
+            self._hand_back(ctx)
+        share = handback_share(self.passes, self.start_passes, self.end_passes)
         ctx.log({f"{self.name}/share": share, f"{self.name}/passes": self.passes})
 
-    def _hand_back(self, ctx: StepContext) -> float:
-        """Hand back the share due now of the batch the selector planned; returns the share."""
+    def _hand_back(self, ctx: StepContext) -> None:
+        """Hand back the share due now of the batch the selector planned."""
         plan = ctx.data.plan
         share = handback_share(self.passes, self.start_passes, self.end_passes)
         if plan.scheduled is not None and share > 0:
             source = plan.scheduled_by or "scheduled"
             plan.schedule(hand_back(plan.scheduled, share, self.rng, plan.draw_unused), source=f"{source}+{self.name}")
-        return share
 
     def state_dict(self) -> dict[str, Any]:
         return encode_state({"version": 1, "draws": self.draws, "rng": self.rng.bit_generator.state})

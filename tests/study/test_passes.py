@@ -79,3 +79,12 @@ def test_the_figure_is_drawn_and_the_block_is_one_of_the_pages_generated_blocks(
 def test_an_empty_folder_is_an_error_naming_it(tmp_path):
     with pytest.raises(FileNotFoundError, match=str(tmp_path)):
         passes.settings(tmp_path)
+
+
+def test_a_finished_study_is_recorded_under_its_setting_and_reads_back_the_same(recorded, tmp_path):
+    out = tmp_path / "again"
+    path = passes.add(recorded / "skewed_pool200.json", out)
+    assert path.name == "skewed_pool200.json"
+    assert passes.settings(out) == [r for r in passes.settings(recorded) if r["pool"] == 200]
+    with pytest.raises(FileNotFoundError, match="not a finished study"):
+        passes.add(tmp_path / "missing.json", out)
