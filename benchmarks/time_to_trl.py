@@ -196,20 +196,22 @@ def summarise(trl: list[dict[str, Any]], lit: dict[str, list[dict[str, Any]]]) -
 
 
 def table(summary: dict[str, Any]) -> str:
-    lines = [f"TRL's final held-out accuracy (3 and 4 numbers): {summary['trl_final_accuracy']:.3f} after "
-             f"{summary['trl_completions']:.0f} completions and {summary['trl_train_wall_s']:.0f} s of training",
+    per_seed = ", ".join(f"{a:.3f}" for a in summary["trl_final_accuracy_per_seed"])
+    lines = [f"TRL's final held-out accuracy (3 and 4 numbers): {summary['trl_final_accuracy']:.3f} (per seed {per_seed}) "
+             f"after {summary['trl_completions']:,.0f} completions and {summary['trl_train_wall_s']:.0f} s of training.", "",
              "| lit_rlft | final accuracy | minus TRL's (paired) | reached TRL's (seeds) | completions to it "
-             "(x TRL's) | training wall-clock to it (x TRL's) | training wall-clock for the budget |",
+             "(x TRL's) | training wall-clock to it (x TRL's) | training wall-clock for the budget (x TRL's) |",
              "|---|---|---|---|---|---|---|"]
+    trl_wall = summary["trl_train_wall_s"]
     for name, a in summary["arms"].items():
-        comps = (f"{a['median_completions']:.0f} ({a['completions_ratio_to_trl']:.2f}x)"
+        comps = (f"{a['median_completions']:,.0f} ({a['completions_ratio_to_trl']:.2f}x)"
                  if a["median_completions"] is not None else "never")
         wall = (f"{a['median_wall_s']:.1f} s ({a['wall_ratio_to_trl']:.2f}x)" if a["median_wall_s"] is not None
                 else "never")
         d = a["final_diff_vs_trl"]
         diff = (f"{d['mean']:+.3f}" + (f" [{d['low']:+.3f}, {d['high']:+.3f}]" if d["low"] is not None else ""))
         lines.append(f"| {name} | {a['final_accuracy']:.3f} | {diff} | {a['reached']}/{a['seeds']} | {comps} | {wall} "
-                     f"| {a['train_wall_s']:.0f} s |")
+                     f"| {a['train_wall_s']:.0f} s ({a['train_wall_s'] / trl_wall:.2f}x) |")
     return "\n".join(lines)
 
 

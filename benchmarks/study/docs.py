@@ -6,7 +6,9 @@
 ``docs/results.md`` is written by hand except between ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->``:
 those blocks are built here from ``docs/results/study.json`` (its recorded configuration, runs and the callbacks
 every run recorded) with the study's own code (:mod:`benchmarks.study.derived`, :mod:`benchmarks.study.report`).
-``docs/results/study_tables.md`` is the whole report (``results.md``) rebuilt the same way.
+``docs/results/study_tables.md`` is the whole report (``results.md``) rebuilt the same way. The README and
+``benchmarks/README.md`` hold blocks of their own (:func:`extra_blocks`): the time-to-TRL tables, from
+``benchmarks/results/time_to_trl_*.json``, and the saving against passes, from ``docs/results/passes/``.
 
 The check also requires that every run recorded the callback settings the study passes now
 (:func:`~benchmarks.study.strategies.strategy_settings` of the recorded configuration, defaults read from the
@@ -32,6 +34,11 @@ from benchmarks.study.strategies import settings_match, strategy_settings
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS_MD = REPO / "docs" / "results.md"
+#: Other pages with generated blocks (only the blocks of :func:`extra_blocks`: time to TRL's accuracy, the passes).
+EXTRA_PAGES = (REPO / "README.md", REPO / "benchmarks" / "README.md")
+#: ``time_to_trl.json`` results by block name (``python -m benchmarks.time_to_trl``, copied into benchmarks/results).
+TIME_TO_TRL = {"time-to-trl-pool4000": REPO / "benchmarks" / "results" / "time_to_trl_pool4000.json",
+               "time-to-trl-skewed1000": REPO / "benchmarks" / "results" / "time_to_trl_skewed_pool1000.json"}
 STUDY_JSON = REPO / "docs" / "results" / "study.json"
 TABLES_MD = REPO / "docs" / "results" / "study_tables.md"
 #: The strategies of the results page's "at each evaluation" table (the ones that tie uniform at the end).
@@ -59,13 +66,33 @@ def _at_marks_block(cfg: StudyConfig, study: dict[str, Any]) -> list[str]:
     return _table(["pool", "strategy", *[f"{m:,}" for m in cfg.eval_marks()]], rows)
 
 
+def time_to_trl_lines(path: Path) -> list[str]:
+    """A recorded ``time_to_trl.json``'s table, with its command and seeds."""
+    from benchmarks.time_to_trl import table
+
+    result = read_json(path)
+    if result is None:
+        raise FileNotFoundError(f"{path}: missing or unreadable")
+    return [f"`{result['command']}` (seeds {result['seeds']}, pool {result['pool_size']:,}; "
+            f"`{path.relative_to(REPO)}`):", "", *table(result["summary"]).splitlines()]
+
+
+def extra_blocks() -> dict[str, Callable[[], list[str]]]:
+    """Blocks built from their own records, not from ``docs/results/study.json``: the saving against passes
+    (:mod:`benchmarks.study.passes`) and the time-to-TRL tables (:data:`TIME_TO_TRL`)."""
+    out: dict[str, Callable[[], list[str]]] = {"saving-vs-passes": lambda: passes_block()}
+    for name, path in TIME_TO_TRL.items():
+        out[name] = lambda p=path: time_to_trl_lines(p)
+    return out
+
+
 def blocks(cfg: StudyConfig, study: dict[str, Any]) -> dict[str, Callable[[], list[str]]]:
     """The generated blocks of ``docs/results.md`` by name (each a function giving its markdown lines)."""
     main, *others = [str(z) for z in cfg.pool_sizes]
     out: dict[str, Callable[[], list[str]]] = {
         "settings": lambda: settings_lines(study),
         "at-marks": lambda: _at_marks_block(cfg, study),
-        "saving-vs-passes": lambda: passes_block(),  # its own recorded studies (benchmarks.study.passes)
+        **extra_blocks(),
     }
     for size in [main, *others]:  # the method is said once, in the first pool's block
         out[f"to-baseline-final-{size}"] = (lambda z=size: baseline_final_lines(
@@ -94,7 +121,8 @@ def render(text: str, generated: dict[str, Callable[[], list[str]]]) -> str:
     return _BLOCK.sub(body, text)
 
 
-def check(study_path: Path = STUDY_JSON, results_md: Path = RESULTS_MD, tables_md: Path = TABLES_MD) -> list[str]:
+def check(study_path: Path = STUDY_JSON, results_md: Path = RESULTS_MD, tables_md: Path = TABLES_MD,
+          pages: tuple[Path, ...] = EXTRA_PAGES) -> list[str]:
     """Everything out of date, in words (empty: the page says what ran)."""
     cfg, study = load_study(study_path)
     problems = settings_problems(cfg, study)
@@ -110,14 +138,21 @@ def check(study_path: Path = STUDY_JSON, results_md: Path = RESULTS_MD, tables_m
         problems.append(f"{results_md}: generated block(s) {changed} out of date (python -m benchmarks.study.docs)")
     if tables_md.read_text(encoding="utf-8") != results_markdown(cfg, study):
         problems.append(f"{tables_md}: out of date (python -m benchmarks.study.docs)")
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        if render(text, extra_blocks()) != text:
+            problems.append(f"{page}: generated block(s) out of date (python -m benchmarks.study.docs)")
     return problems
 
 
-def write(study_path: Path = STUDY_JSON, results_md: Path = RESULTS_MD, tables_md: Path = TABLES_MD) -> None:
-    """Rewrite the generated blocks of ``results_md`` and the whole of ``tables_md`` from ``study_path``."""
+def write(study_path: Path = STUDY_JSON, results_md: Path = RESULTS_MD, tables_md: Path = TABLES_MD,
+          pages: tuple[Path, ...] = EXTRA_PAGES) -> None:
+    """Rewrite the generated blocks of ``results_md`` and ``pages`` and the whole of ``tables_md``."""
     cfg, study = load_study(study_path)
     results_md.write_text(render(results_md.read_text(encoding="utf-8"), blocks(cfg, study)), encoding="utf-8")
     tables_md.write_text(results_markdown(cfg, study), encoding="utf-8")
+    for page in pages:
+        page.write_text(render(page.read_text(encoding="utf-8"), extra_blocks()), encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@ figures are checked against values computed by hand from small synthetic curves 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,14 @@ def test_a_finished_study_is_recorded_under_its_setting_and_reads_back_the_same(
     assert passes.settings(out) == [r for r in passes.settings(recorded) if r["pool"] == 200]
     with pytest.raises(FileNotFoundError, match="not a finished study"):
         passes.add(tmp_path / "missing.json", out)
+
+
+def test_the_time_to_trl_tables_on_the_pages_are_generated_from_their_json(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("text\n<!-- generated:time-to-trl-pool4000 -->\nold figures\n<!-- /generated:time-to-trl-pool4000 -->\n")
+    assert any(str(page) in p for p in docs.check(pages=(page,)))
+    text = docs.render(page.read_text(), docs.extra_blocks())
+    recorded = json.loads(docs.TIME_TO_TRL["time-to-trl-pool4000"].read_text())
+    assert f"{recorded['summary']['trl_final_accuracy']:.3f}" in text and "| uniform |" in text
+    page.write_text(text)
+    assert not [p for p in docs.check(pages=(page,)) if str(page) in p]
