@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 PASSES_DIR = REPO / "docs" / "results" / "passes"
 FIGURE = REPO / "docs" / "results" / "saving_vs_passes.png"
 #: Table and figure order.
-ORDER = ("uniform", "dps_c8", "dps", "mopps", "greso", "dots_replay", "dynamic_sampling")
+ORDER = ("uniform", "dps_c8", "dps", "mopps", "greso", "dots_replay", "dynamic_sampling", "dps_c8_handback")
 
 
 def composition(cfg: StudyConfig) -> str:
@@ -183,19 +183,21 @@ def plot(rows: list[dict[str, Any]], path: Path = FIGURE) -> Path:
             pts = [r for r in mine if r["strategy"] == s]
             shift = 1 + 0.025 * (k - 3)  # strategies side by side at each pass count (log axis)
             xs = [r["passes"] * shift for r in pts]
-            ys, lo, hi, nev = [], [], [], []
-            for r in pts:
-                t = r["to_uniform"] or {}
-                ratio = t.get("ratio")
-                ys.append(ratio if ratio is not None else never_y)
-                lo.append(0 if ratio is None or t.get("low") is None else ratio - t["low"])
-                hi.append(0 if ratio is None or t.get("high") is None else t["high"] - ratio)
-                nev.append(ratio is None)
-            top.errorbar(xs, ys, yerr=[lo, hi], color=colors.get(s), marker="o", capsize=3, label=s,
-                         linestyle="-" if s != "uniform" else ":")
-            for x, y, n in zip(xs, ys, nev):
-                if n:
-                    top.plot([x], [y], marker="x", color=colors.get(s), markersize=10)
+            if s != "uniform":  # uniform against its own mean final accuracy is no saving: table only
+                for r, x in zip(pts, xs):
+                    t = r["to_uniform"] or {}
+                    ratio, never, n = t.get("ratio"), t.get("a_not_reached", 0), t.get("n", 0)
+                    if ratio is None:  # no seed reached it
+                        top.plot([x], [never_y], marker="x", color=colors.get(s), markersize=10)
+                        continue
+                    err = [[ratio - t["low"]], [t["high"] - ratio]] if t.get("low") is not None else None
+                    top.errorbar([x], [ratio], yerr=err, color=colors.get(s), marker="o", capsize=3,
+                                 markerfacecolor="none" if never else colors.get(s))
+                    if never:  # censored seeds: the mean is over the seeds that reached it
+                        top.annotate(f"{n - never}/{n}", (x, ratio), textcoords="offset points", xytext=(4, 4),
+                                     fontsize=7, color=colors.get(s))
+                top.plot(xs, [(r["to_uniform"] or {}).get("ratio") or never_y for r in pts], color=colors.get(s),
+                         lw=0.8, alpha=0.6, label=s)
             if s != "uniform":
                 d = [r["diff"] for r in pts]
                 dy = [x.get("mean") if x.get("mean") is not None else float("nan") for x in d]
@@ -206,7 +208,8 @@ def plot(rows: list[dict[str, Any]], path: Path = FIGURE) -> Path:
         top.axhline(0.5, color="grey", lw=0.8, ls="--")
         top.text(0.02, 0.5, " goal 0.5x", transform=top.get_yaxis_transform(), va="bottom", fontsize=8)
         top.axhline(never_y, color="lightgrey", lw=0.5)
-        top.text(0.02, never_y, " never (x)", transform=top.get_yaxis_transform(), va="bottom", fontsize=8)
+        top.text(0.02, never_y, " never (x); hollow: some seeds never (k/n reached)",
+                 transform=top.get_yaxis_transform(), va="bottom", fontsize=8)
         top.set_ylim(0, never_y + 0.15)
         top.set_title(f"{comp} pool: completions to uniform's final accuracy")
         top.set_ylabel("x uniform's completions (geometric mean, 95% CI)")
