@@ -80,7 +80,7 @@ def time_to_trl_lines(path: Path) -> list[str]:
 def extra_blocks() -> dict[str, Callable[[], list[str]]]:
     """Blocks built from their own records, not from ``docs/results/study.json``: the saving against passes
     (:mod:`benchmarks.study.passes`) and the time-to-TRL tables (:data:`TIME_TO_TRL`)."""
-    out: dict[str, Callable[[], list[str]]] = {"saving-vs-passes": lambda: passes_block()}
+    out: dict[str, Callable[[], list[str]]] = {"saving-vs-passes": passes_block}
     for name, path in TIME_TO_TRL.items():
         out[name] = lambda p=path: time_to_trl_lines(p)
     return out

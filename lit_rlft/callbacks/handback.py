@@ -52,7 +52,7 @@ class UniformHandbackCallback(StepCallback):
             raise RuntimeError("UniformHandbackCallback needs a PromptDataModule with a training pool")
         self.pool_size = len(ctx.data.train_pool)
         callbacks = list(ctx.callbacks)
-        mine = next(i for i, cb in enumerate(callbacks) if cb is self) if self in callbacks else None
+        mine = next((i for i, cb in enumerate(callbacks) if cb is self), None)
         selectors = [i for i, cb in enumerate(callbacks) if isinstance(cb, SelectionCallback)]
         if mine is not None and (not selectors or max(selectors) > mine):
             raise ValueError("UniformHandbackCallback must come after a selection callback in the callbacks list "
