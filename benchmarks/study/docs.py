@@ -29,6 +29,7 @@ from benchmarks.study.config import StudyConfig
 from benchmarks.study.derived import summarise_pool
 from benchmarks.study.jsonio import read_json
 from benchmarks.study.passes import block as passes_block
+from benchmarks.study.passes import policy_lines
 from benchmarks.study.report import _table, at_marks_rows, baseline_final_lines, results_markdown, settings_lines
 from benchmarks.study.strategies import settings_match, strategy_settings
 
@@ -78,9 +79,9 @@ def time_to_trl_lines(path: Path) -> list[str]:
 
 
 def extra_blocks() -> dict[str, Callable[[], list[str]]]:
-    """Blocks built from their own records, not from ``docs/results/study.json``: the saving against passes
-    (:mod:`benchmarks.study.passes`) and the time-to-TRL tables (:data:`TIME_TO_TRL`)."""
-    out: dict[str, Callable[[], list[str]]] = {"saving-vs-passes": passes_block}
+    """Blocks built from their own records, not from ``docs/results/study.json``: the saving against passes and
+    by policy size (:mod:`benchmarks.study.passes`) and the time-to-TRL tables (:data:`TIME_TO_TRL`)."""
+    out: dict[str, Callable[[], list[str]]] = {"saving-vs-passes": passes_block, "policy-size": policy_lines}
     for name, path in TIME_TO_TRL.items():
         out[name] = lambda p=path: time_to_trl_lines(p)
     return out

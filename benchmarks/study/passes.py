@@ -1,6 +1,7 @@
 """``python -m benchmarks.study.passes``: what selection saves against passes over the pool, from recorded studies.
 
     python -m benchmarks.study.passes --add runs/many_pass_skewed_200/study.json   # record a finished study
+    python -m benchmarks.study.passes --add runs/h256_skewed_1000/study.json       # ... of another policy size
     python -m benchmarks.study.passes            # rewrite docs/results/saving_vs_passes.png and print the tables
     python -m benchmarks.study.docs              # rewrite the results page's generated blocks, this one included
     python -m benchmarks.study.docs --check      # checks the block too (it is one of the page's generated blocks)
@@ -20,6 +21,12 @@ from its runs with the study's current code (:func:`benchmarks.study.docs.load_s
 - the training wall-clock (evaluation excluded) and the distinct prompts trained on.
 
 The figure draws the first two against passes, one panel per composition.
+
+The policy: each record names the warm start's size (``policy``: hidden size, layers, parameters, read from its
+``config.json`` when it is recorded; a record without one is the demo's tiny policy, :class:`TinyConfig`'s defaults).
+The ``saving-vs-passes`` block covers the demo's policy; a larger policy's records (``<composition>_pool<size>_<label>
+.json``) go to the ``policy-size`` block, beside the demo policy's figures at the same settings, and into the figure
+as squares on dashed lines.
 """
 
 from __future__ import annotations
@@ -39,6 +46,32 @@ FIGURE = REPO / "docs" / "results" / "saving_vs_passes.png"
 ORDER = ("uniform", "dps_c8", "dps", "mopps", "greso", "dots_replay", "dynamic_sampling", "dps_c8_handback")
 
 
+def policy_of(config: dict[str, Any]) -> dict[str, Any]:
+    """A policy's size from its HF ``config.json`` contents: hidden size, layers and parameter count (a model built
+    on the meta device, so nothing is allocated)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf = AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf)
+    return {"hidden_size": hf.hidden_size, "num_hidden_layers": hf.num_hidden_layers,
+            "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def demo_policy() -> dict[str, Any]:
+    """The demo's tiny policy (:class:`TinyConfig`'s defaults), which every record without a ``policy`` used."""
+    from lit_rlft.models.tiny import TinyConfig, char_tokenizer, tiny_qwen2
+
+    model = tiny_qwen2(char_tokenizer(), TinyConfig())
+    return policy_of(model.config.to_dict())
+
+
+def policy_label(policy: dict[str, Any]) -> str:
+    """``"hidden 256, 8 layers (8.4M)"``."""
+    return f"hidden {policy['hidden_size']}, {policy['num_hidden_layers']} layers ({policy['parameters'] / 1e6:.1f}M)"
+
+
 def composition(cfg: StudyConfig) -> str:
     return "skewed" if cfg.bucket_weights or cfg.five_numbers else "balanced"
 
@@ -48,16 +81,23 @@ def passes(cfg: StudyConfig, pool_size: int) -> float:
     return cfg.budget_completions / (cfg.num_generations * pool_size)
 
 
-def settings(directory: Path = PASSES_DIR) -> list[dict[str, Any]]:
-    """One row per (recorded study, strategy), sorted by composition, passes and :data:`ORDER`."""
+def settings(directory: Path = PASSES_DIR, policy: str | None = "demo") -> list[dict[str, Any]]:
+    """One row per (recorded study, strategy), sorted by policy size, composition, passes and :data:`ORDER`.
+
+    ``policy``: ``"demo"`` keeps the demo policy's records, ``"larger"`` the others, ``None`` all of them.
+    """
     from benchmarks.study.docs import load_study
 
     paths = sorted(directory.glob("*.json"))
     if not paths:
         raise FileNotFoundError(f"{directory}: no recorded studies (*.json)")
+    demo = demo_policy()
     rows = []
     for path in paths:
         cfg, study = load_study(path)
+        size_of = study.get("policy") or demo
+        if policy is not None and (policy == "demo") != (size_of == demo):
+            continue
         if len(cfg.pool_sizes) != 1:
             raise ValueError(f"{path}: one pool size per recorded study, got {cfg.pool_sizes}")
         size = cfg.pool_sizes[0]
@@ -70,7 +110,7 @@ def settings(directory: Path = PASSES_DIR) -> list[dict[str, Any]]:
                 continue
             to_uniform = to_final.get("uniform", {}).get("strategies", {}).get(s, {}).get("summary")
             to_dynamic = to_final.get("dynamic_sampling", {}).get("strategies", {}).get(s, {}).get("summary")
-            rows.append({"file": path.name, "composition": composition(cfg), "pool": size,
+            rows.append({"file": path.name, "policy": size_of, "composition": composition(cfg), "pool": size,
                          "passes": passes(cfg, size), "strategy": s, "seeds": row["n_ok"],
                          "final": row["final_accuracy_learnable"]["mean"],
                          "diff": row["final_accuracy_diff_vs_uniform"], "to_uniform": to_uniform,
@@ -80,8 +120,8 @@ def settings(directory: Path = PASSES_DIR) -> list[dict[str, Any]]:
                          "effective_ratio": row["mean_effective_ratio"]["mean"],
                          "trained": row["composition"], "marks": cfg.eval_marks(), "at_marks": marks.get(s)})
     rank = {s: i for i, s in enumerate(ORDER)}
-    return sorted(rows, key=lambda r: (r["composition"], r["passes"], rank.get(r["strategy"], len(ORDER)),
-                                       r["strategy"]))
+    return sorted(rows, key=lambda r: (r["policy"]["parameters"], r["composition"], r["passes"],
+                                       rank.get(r["strategy"], len(ORDER)), r["strategy"]))
 
 
 def _ratio(summary: dict[str, Any] | None) -> str:
@@ -153,7 +193,7 @@ def composition_lines(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def block(directory: Path = PASSES_DIR) -> list[str]:
-    """The results page's ``saving-vs-passes`` block."""
+    """The results page's ``saving-vs-passes`` block (the demo policy's records)."""
     rows = settings(directory)
     return ["Generated by `python -m benchmarks.study.passes` from `docs/results/passes/*.json` (one recorded study per "
             "row group). Bold: the interval excludes 0.", "", *table_lines(rows), "",
@@ -165,45 +205,77 @@ def block(directory: Path = PASSES_DIR) -> list[str]:
             *composition_lines(rows)]
 
 
+def policy_lines(directory: Path = PASSES_DIR) -> list[str]:
+    """The ``policy-size`` block: every larger policy's setting and strategy beside the demo policy's at the same
+    setting (pool size and composition), then what the larger policy's runs trained on."""
+    larger = settings(directory, policy="larger")
+    if not larger:
+        return ["No larger policy's study is recorded yet (`python -m benchmarks.study.passes --add STUDY_JSON`)."]
+    demo = {(r["composition"], r["pool"], r["strategy"]): r for r in settings(directory, policy="demo")}
+    names = {policy_label(r["policy"]) for r in larger}
+    head = ["| pool | passes | strategy | policy | seeds | final held-out accuracy | minus uniform's (paired) | "
+            "completions to uniform's final accuracy (x uniform's) | training wall-clock |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = []
+    for r in larger:
+        for row in (demo.get((r["composition"], r["pool"], r["strategy"])), r):
+            if row is None:
+                continue
+            diff = "(baseline)" if row["strategy"] == "uniform" else _diff(row["diff"])
+            lines.append(f"| {row['composition']} {row['pool']:,} | {row['passes']:.1f} | {row['strategy']} | "
+                         f"{policy_label(row['policy'])} | {row['seeds']} | {row['final']:.3f} | {diff} | "
+                         f"{_ratio(row['to_uniform'])} | {_number(row['wall_s'], ' s')} |")
+    return ["Generated by `python -m benchmarks.study.passes` from `docs/results/passes/*.json`: each setting and "
+            f"strategy of the larger policy ({', '.join(sorted(names))}) under the demo policy's at the same setting. "
+            "Bold: the interval excludes 0.", "", *head, *lines, "",
+            "What the larger policy's runs trained on (as in the block above; means over seeds):", "",
+            *composition_lines(larger)]
+
+
 def plot(rows: list[dict[str, Any]], path: Path = FIGURE) -> Path:
-    """Two rows of panels (completions to uniform's final accuracy; final accuracy minus uniform's) by composition."""
+    """Two rows of panels (completions to uniform's final accuracy; final accuracy minus uniform's) by composition;
+    the demo policy's settings as circles on solid lines, a larger policy's as squares on dashed lines."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     comps = sorted({r["composition"] for r in rows})
+    demo_size = demo_policy()["parameters"]
     fig, axes = plt.subplots(2, len(comps), figsize=(6.5 * len(comps), 8.5), squeeze=False, sharex="col")
     colors = {s: f"C{i}" for i, s in enumerate(ORDER)}
     never_y = 1.35
     for j, comp in enumerate(comps):
         top, bottom = axes[0][j], axes[1][j]
         mine = [r for r in rows if r["composition"] == comp]
-        for k, s in enumerate(dict.fromkeys(r["strategy"] for r in mine)):
-            pts = [r for r in mine if r["strategy"] == s]
+        groups = dict.fromkeys((r["policy"]["parameters"], r["strategy"]) for r in mine)
+        for k, (size, s) in enumerate(groups):
+            pts = [r for r in mine if r["strategy"] == s and r["policy"]["parameters"] == size]
             shift = 1 + 0.025 * (k - 3)  # strategies side by side at each pass count (log axis)
+            demo = size == demo_size
+            marker, ls = ("o", "-") if demo else ("s", "--")
+            label = s if demo else f"{s}, {policy_label(pts[0]['policy'])}"
             xs = [r["passes"] * shift for r in pts]
             if s != "uniform":  # uniform against its own mean final accuracy is no saving: table only
                 for r, x in zip(pts, xs):
                     t = r["to_uniform"] or {}
                     ratio, never, n = t.get("ratio"), t.get("a_not_reached", 0), t.get("n", 0)
                     if ratio is None:  # no seed reached it
-                        top.plot([x], [never_y], marker="x", color=colors.get(s), markersize=10)
+                        top.plot([x], [never_y], marker="x", color=colors.get(s), markersize=10 if demo else 7)
                         continue
                     err = [[ratio - t["low"]], [t["high"] - ratio]] if t.get("low") is not None else None
-                    top.errorbar([x], [ratio], yerr=err, color=colors.get(s), marker="o", capsize=3,
+                    top.errorbar([x], [ratio], yerr=err, color=colors.get(s), marker=marker, capsize=3,
                                  markerfacecolor="none" if never else colors.get(s))
                     if never:  # censored seeds: the mean is over the seeds that reached it
                         top.annotate(f"{n - never}/{n}", (x, ratio), textcoords="offset points", xytext=(4, 4),
                                      fontsize=7, color=colors.get(s))
                 top.plot(xs, [(r["to_uniform"] or {}).get("ratio") or never_y for r in pts], color=colors.get(s),
-                         lw=0.8, alpha=0.6, label=s)
+                         lw=0.8, alpha=0.6, ls=ls, label=label)
             if s != "uniform":
                 d = [r["diff"] for r in pts]
                 dy = [x.get("mean") if x.get("mean") is not None else float("nan") for x in d]
                 dlo = [0 if x.get("low") is None else x["mean"] - x["low"] for x in d]
                 dhi = [0 if x.get("high") is None else x["high"] - x["mean"] for x in d]
-                bottom.errorbar(xs, dy, yerr=[dlo, dhi], color=colors.get(s), marker="o", capsize=3, label=s)
+                bottom.errorbar(xs, dy, yerr=[dlo, dhi], color=colors.get(s), marker=marker, ls=ls, capsize=3, label=label)
         top.axhline(1.0, color="grey", lw=0.8)
         top.axhline(0.5, color="grey", lw=0.8, ls="--")
         top.text(0.02, 0.5, " goal 0.5x", transform=top.get_yaxis_transform(), va="bottom", fontsize=8)
@@ -247,10 +319,27 @@ def add(study_json: Path, directory: Path = PASSES_DIR) -> Path:
     if len(cfg.pool_sizes) != 1:
         raise ValueError(f"{study_json}: one pool size per recorded study, got {cfg.pool_sizes}")
     keep = {k: study[k] for k in ("config", "warm_start", "degeneracy", "runs") if k in study}
-    path = directory / f"{composition(cfg)}_pool{cfg.pool_sizes[0]}.json"
+    keep["policy"] = _recorded_policy(cfg, str(study.get("warm_start", "")))
+    suffix = "" if keep["policy"] == demo_policy() else f"_h{keep['policy']['hidden_size']}l{keep['policy']['num_hidden_layers']}"
+    path = directory / f"{composition(cfg)}_pool{cfg.pool_sizes[0]}{suffix}.json"
     directory.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(keep, separators=(",", ":"), allow_nan=False), encoding="utf-8")
     return path
+
+
+def _recorded_policy(cfg: StudyConfig, warm_start: str) -> dict[str, Any]:
+    """The size of the study's warm start: its checkpoint's ``config.json``, or the tiny policy of ``cfg.tiny``."""
+    import json
+
+    if warm_start == "tiny":
+        from lit_rlft.models.tiny import TinyConfig, char_tokenizer, tiny_qwen2
+
+        return policy_of(tiny_qwen2(char_tokenizer(), TinyConfig(**(cfg.tiny or {}))).config.to_dict())
+    config = Path(warm_start) / "config.json"
+    if not config.exists():
+        raise FileNotFoundError(f"the study's warm start {warm_start!r} has no config.json here: its size cannot be "
+                                "recorded (record the study where its warm start is)")
+    return policy_of(json.loads(config.read_text(encoding="utf-8")))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -263,9 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     for path in a.add:
         print(f"recorded {add(path, a.dir)}")
-    rows = settings(a.dir)
-    print("\n".join(table_lines(rows)))
-    print(f"wrote {plot(rows, a.figure)}")
+    print("\n".join(table_lines(settings(a.dir))))
+    print("\n".join(policy_lines(a.dir)))
+    print(f"wrote {plot(settings(a.dir, policy=None), a.figure)}")
     return 0
 
 

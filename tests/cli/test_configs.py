@@ -40,10 +40,13 @@ def test_paper_config_is_the_papers_setting(capsys):
     assert cfg["data"]["system_prompt"].endswith("\\boxed{}.")
 
 
-def test_sft_config_parses(capsys):
+@pytest.mark.parametrize(("name", "hidden", "layers"), [("sft_countdown_tiny", 128, 4), ("sft_countdown_h256", 256, 8)])
+def test_sft_configs_parse_to_their_policy_size(name, hidden, layers, capsys):
     with pytest.raises(SystemExit) as exc:
-        main(["sft", "--config", str(CONFIGS / "sft_countdown_tiny.yaml"), "--print_config"])
+        main(["sft", "--config", str(CONFIGS / f"{name}.yaml"), "--print_config"])
     assert exc.value.code == 0
+    tiny = yaml.safe_load(capsys.readouterr().out)["model"]["tiny"] or {}
+    assert (tiny.get("hidden_size", 128), tiny.get("num_hidden_layers", 4)) == (hidden, layers)
 
 
 @pytest.mark.parametrize("overlay", sorted((CONFIGS / "parallel").glob("*.yaml")), ids=lambda p: p.stem)

@@ -22,8 +22,8 @@ def _run(strategy: str, pool: int, seed: int, points: list[tuple[int, float]]) -
             "status": "ok", "curve": curve, "series": {}, "callbacks": []}
 
 
-def _study(path: Path, cfg: StudyConfig, runs: list[dict]) -> None:
-    write_json(path, {"config": cfg.to_dict(), "runs": runs})
+def _study(path: Path, cfg: StudyConfig, runs: list[dict], **extra) -> None:
+    write_json(path, {"config": cfg.to_dict(), "warm_start": "tiny", "runs": runs, **extra})
 
 
 @pytest.fixture
@@ -89,6 +89,46 @@ def test_a_finished_study_is_recorded_under_its_setting_and_reads_back_the_same(
     assert passes.settings(out) == [r for r in passes.settings(recorded) if r["pool"] == 200]
     with pytest.raises(FileNotFoundError, match="not a finished study"):
         passes.add(tmp_path / "missing.json", out)
+
+
+LARGER = {"hidden_size": 256, "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 4,
+          "intermediate_size": 1024}
+
+
+def test_a_larger_policy_is_recorded_apart_and_set_beside_the_demo_policy(recorded, tmp_path):
+    # the demo policy, counted by building it, against a count by hand:
+    # embeddings 99 x 128 (96 printable characters and 3 specials; tied) + 4 layers x (attention 4 x 128 x 128 + biases 3 x 128 + MLP 3 x 128 x 512
+    # + 2 norms x 128) + the final norm 128
+    demo = passes.demo_policy()
+    assert demo == {"hidden_size": 128, "num_hidden_layers": 4,
+                    "parameters": 99 * 128 + 4 * (4 * 128 * 128 + 3 * 128 + 3 * 128 * 512 + 2 * 128) + 128}
+    cfg = StudyConfig.skewed(strategies=["uniform", "greso"], seeds=[0, 1], pool_sizes=[200], tiny=LARGER)
+    runs = [_run("uniform", 200, s, [(0, 0.1), (38400, 0.30)]) for s in (0, 1)]
+    runs += [_run("greso", 200, s, [(0, 0.1), (19200, 0.40), (38400, 0.33 + 0.02 * s)]) for s in (0, 1)]
+    _study(tmp_path / "larger.json", cfg, runs)
+    path = passes.add(tmp_path / "larger.json", recorded)
+    assert path.name == "skewed_pool200_h256l8.json"
+    assert json.loads(path.read_text())["policy"]["parameters"] == pytest.approx(8.42e6, rel=1e-3)
+    # the demo policy's block and the larger policy's are kept apart
+    assert [r["file"] for r in passes.settings(recorded)].count(path.name) == 0
+    larger = passes.settings(recorded, policy="larger")
+    assert [r["strategy"] for r in larger] == ["uniform", "greso"]
+    assert larger[1]["diff"]["mean"] == pytest.approx(0.04)  # (0.33 - 0.30 + 0.35 - 0.30) / 2
+    lines = passes.policy_lines(recorded)
+    table = [line for line in lines if line.startswith("| skewed 200 |") and " layers (" in line]
+    # each larger-policy row under the demo policy's at the same setting: uniform, uniform, greso, greso
+    assert [("(8.4M)" in line, "greso" in line) for line in table] == [
+        (False, False), (True, False), (False, True), (True, True)]
+    assert "+0.040" in table[3] and "-0.050" in table[2]  # 0.20 - 0.25 for the demo policy's GRESO
+    assert len(passes.settings(recorded, policy=None)) == len(passes.settings(recorded)) + 2
+
+
+def test_a_study_whose_warm_start_is_not_here_cannot_be_recorded(recorded, tmp_path):
+    cfg = StudyConfig.skewed(strategies=["uniform"], seeds=[0], pool_sizes=[200])
+    _study(tmp_path / "elsewhere.json", cfg, [_run("uniform", 200, 0, [(0, 0.1), (38400, 0.3)])],
+           warm_start=str(tmp_path / "gone"))
+    with pytest.raises(FileNotFoundError, match="gone.*no config.json"):
+        passes.add(tmp_path / "elsewhere.json", tmp_path / "out")
 
 
 def test_the_time_to_trl_tables_on_the_pages_are_generated_from_their_json(tmp_path):
