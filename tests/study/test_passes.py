@@ -121,6 +121,8 @@ def test_a_larger_policy_is_recorded_apart_and_set_beside_the_demo_policy(record
         (False, False), (True, False), (False, True), (True, True)]
     assert "+0.040" in table[3] and "-0.050" in table[2]  # 0.20 - 0.25 for the demo policy's GRESO
     assert len(passes.settings(recorded, policy=None)) == len(passes.settings(recorded)) + 2
+    assert passes.plot(passes.settings(recorded, policy=None), tmp_path / "both.png").stat().st_size > 10_000
+    assert docs.extra_blocks()["policy-size"] is passes.policy_lines
 
 
 def test_a_study_whose_warm_start_is_not_here_cannot_be_recorded(recorded, tmp_path):
