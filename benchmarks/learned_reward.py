@@ -186,11 +186,12 @@ def run_study(out: str, rm: Path | None, seeds: str, extra: list[str]) -> None:
 
 
 def report(learned: Path, rule: Path, classifier: dict, seeds: list[int]) -> dict:
-    from benchmarks.study.stats import mean_interval
+    from lit_rlft.study.stats import mean_interval
 
-    def runs(folder: Path) -> dict[int, dict]:
-        return {s: json.loads((folder / "runs" / f"uniform-pool4000-seed{s}.json").read_text()) for s in seeds
-                if (folder / "runs" / f"uniform-pool4000-seed{s}.json").exists()}
+    def runs(folder: Path) -> dict[int, dict]:  # the study's records, read from its study.json
+        study = json.loads((folder / "study.json").read_text()) if (folder / "study.json").exists() else {"runs": []}
+        return {r["seed"]: r for r in study["runs"] if r.get("strategy") == "uniform" and r.get("pool_size") == 4000
+                and r.get("status") == "ok" and r["seed"] in seeds}
 
     lr, rr = runs(learned), runs(rule)
     common = sorted(set(lr) & set(rr))

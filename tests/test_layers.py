@@ -22,13 +22,15 @@ LAYERS: list[set[str]] = [
     {"step"},
     {"callbacks"},
     {"lightning", "reporting"},
-    {"cli"},
+    {"cli", "study"},
 ]
 #: A reward model is a model: the rewards load and shard it with the models' helpers. Episodes are rolled out with
 #: an environment; an environment's own task (the guessing game's prompts) is a data-set task.
-SIDEWAYS: set[tuple[str, str]] = {("rewards", "models"), ("rollout", "envs"), ("envs", "data")}
+#: The command line dispatches `lit-rlft study`; a study runs each arm through the command line's LightningCLI.
+SIDEWAYS: set[tuple[str, str]] = {("rewards", "models"), ("rollout", "envs"), ("envs", "data"), ("cli", "study"),
+                                  ("study", "cli")}
 #: Where Lightning may be imported: its adapters, the datamodule (a LightningDataModule) and the command line.
-LIGHTNING_ALLOWED = {"lightning", "callbacks", "cli", "data/datamodule.py"}
+LIGHTNING_ALLOWED = {"lightning", "callbacks", "cli", "study", "data/datamodule.py"}
 #: Modules of the callbacks package that other callbacks may import (their shared base layer).
 CALLBACK_BASES = {"base", "selection", "difficulty", "rounds", "extend"}
 

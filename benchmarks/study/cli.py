@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 from benchmarks.study.config import SKEWED_POOL, StudyConfig
-from benchmarks.study.jsonio import write_json
 from benchmarks.study.report import degeneracy_lines
+from lit_rlft.study.jsonio import write_json
 
 
 def _ints(text: str) -> list[int]:

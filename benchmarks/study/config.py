@@ -1,4 +1,6 @@
-"""StudyConfig: the whole study in one dataclass (serialised into ``study.json``), and one run's identity."""
+"""StudyConfig: the whole Countdown study in one dataclass (serialised into ``study.json``), one run's identity, and
+what the study is to the product: a ``lit-rlft fit`` run config per pool size (:meth:`StudyConfig.run_config`) and
+the :class:`~lit_rlft.study.StudySettings` that run it (:meth:`StudyConfig.study_settings`)."""
 
 from __future__ import annotations
 
@@ -9,23 +11,19 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-#: Every strategy the study knows, in table order.
-STRATEGIES: tuple[str, ...] = (
-    "uniform", "dynamic_sampling", "history", "dots", "dots_replay", "dps", "dps_c8", "dps_replay", "dps_cold_start",
-    "mopps", "greso", "screening", "sequential", "allocation_dps", "allocation_mopps", "allocation_dots",
-    "allocation_dps_cold", "dps_content_prior", "allocation_dots_broad", "dps_c8_handback",
-)
+from lit_rlft.study.strategies import STRATEGIES, STRATEGY_FIELDS, StrategySettings
 
-#: ``StudyConfig`` fields read only by ``benchmarks.study.strategies`` (they reach a run through its callbacks'
-#: arguments, which every run records and which decide whether it is reused; see ``StudyConfig.run_fingerprint``).
-STRATEGY_FIELDS: frozenset[str] = frozenset({
-    "dps_decay", "dps_candidate_ratio", "mopps_candidate_ratio", "mopps_decay", "greso_target", "dots_alpha",
-    "dots_tau", "reference_size", "update_every", "dots_online_steps", "replay_delta", "replay_capacity",
-    "dynamic_max_rounds", "screening_generations", "screening_max_rounds", "sequential_initial_generations",
-    "sequential_round_generations", "sequential_max_generations", "allocation_min_generations",
-    "allocation_max_generations", "allocation_budget_ratio", "allocation_granularity", "allocation_min_gain",
-    "content_prior_reference_size", "broad_dots_tau", "handback_start_passes", "handback_end_passes",
-})
+#: The Countdown study's targets (kind -> curve key): held-out accuracy on 3 and 4 numbers, training-pool reward.
+TARGETS = {"accuracy": "val/accuracy/learnable", "train_reward": "train_pool_reward"}
+#: Extra paired comparisons besides "vs uniform": (strategy, baseline).
+COMPARISONS = (("dps", "dynamic_sampling"), ("dps_c8", "dynamic_sampling"), ("dps_c8", "dps"),
+               # what the allocation and the content priors add to the strategy they are built on
+               ("allocation_dps", "dps_c8"), ("allocation_mopps", "mopps"), ("allocation_dots", "dots"),
+               ("allocation_dps_cold", "dps_cold_start"), ("dps_cold_start", "dps"), ("dps_content_prior", "dps_c8"))
+#: Baselines of the "completions to reach a baseline's final accuracy" table (the DPS paper's own metric).
+FINAL_BASELINES = ("dynamic_sampling", "uniform")
+#: The Countdown rule, the held-out evaluation's reward whatever the training reward.
+COUNTDOWN_REWARD = "lit_rlft.rewards.countdown_reward"
 
 #: The skewed pool's settings (:meth:`StudyConfig.skewed`, ``--skewed``).
 SKEWED_POOL: dict[str, Any] = {"five_numbers": True, "bucket_weights": [0.3, 0.1, 0.3, 0.3], "degenerate_target": 0.7}
@@ -242,6 +240,63 @@ class StudyConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    # -- the study as the product runs it ---------------------------------------------------------------------
+    @property
+    def strategy_settings(self) -> StrategySettings:
+        return StrategySettings.of(self)
+
+    def run_config(self, pool_size: int, warm_start: str) -> dict[str, Any]:
+        """The ``lit-rlft fit`` config every run of pool ``pool_size`` shares (``configs/countdown_tiny.yaml``'s GRPO
+        with the study's pool, held-out set and warm start); the study adds each arm's callbacks and seed."""
+        model: dict[str, Any] = {"model": warm_start}
+        if warm_start == "tiny" and self.tiny:
+            model["tiny"] = dict(self.tiny)
+        reward: Any = COUNTDOWN_REWARD
+        if self.reward:  # a learned reward model (a directory): its probability of "correct"
+            reward = {"class_path": "lit_rlft.rewards.RewardModel",
+                      "init_args": {"model": self.reward, "sigmoid": True, "max_batch_tokens": 8192,
+                                    "device": "cpu"}}
+        model.update(
+            reward_funcs=[reward], scale_rewards=self.scale_rewards,
+            generation={"num_generations": self.num_generations, "temperature": self.temperature,
+                        "max_completion_length": self.max_completion_length,
+                        "eval_num_generations": self.eval_num_generations, "async_depth": self.async_depth,
+                        "async_threads": 1},
+            loss={"loss_type": self.loss_type, "epsilon": self.epsilon, "beta": 0.0},
+            optim={"learning_rate": self.learning_rate, "adam_betas": list(self.adam_betas),
+                   "warmup_steps": self.warmup_steps, "max_grad_norm": self.max_grad_norm})
+        train = {"size": pool_size, "num_numbers": self.pool_num_numbers, "split": "train", "seed": self.pool_seed}
+        if self.bucket_weights is not None:
+            train["weights"] = list(self.bucket_weights)
+        return {
+            "seed_everything": 0,
+            "trainer": {"accelerator": "cpu", "devices": 1, "log_every_n_steps": 1},
+            "model": model,
+            "data": {"train": {"class_path": "lit_rlft.data.CountdownTask", "init_args": train},
+                     "val": {"class_path": "lit_rlft.data.CountdownTask",
+                             "init_args": {"size": self.eval_size, "num_numbers": [2, 3, 4], "split": "test",
+                                           "seed": self.eval_seed}},
+                     "answer_field": None, "batch_size": self.batch_size,
+                     "val_batch_size": max(1, self.generation_chunk // self.eval_num_generations)},
+        }
+
+    def study_settings(self, pool_size: int, config_path: str, out: str) -> Any:
+        """The product's settings for pool ``pool_size``: its strategies and seeds, the budget, the marks, the
+        evaluation (held-out accuracy pooled over ``learnable_buckets``, the training-pool subset)."""
+        from lit_rlft.study import StudySettings
+
+        main = pool_size == self.pool_sizes[0]
+        seeds = list(self.seeds) if main else list(self.seeds[: self.sweep_seeds])
+        return StudySettings(
+            configs=[config_path], strategies=self.strategies_at(pool_size), seeds=seeds,
+            completions=self.budget_completions, eval_every=math.ceil(self.budget_completions / self.num_evals),
+            out=out, jobs=self.jobs, threads=self.threads, train_subset=self.train_subset_size,
+            train_generations=self.train_subset_generations, groups={"learnable": list(self.learnable_buckets)},
+            eval_reward=[COUNTDOWN_REWARD] if self.reward else [],
+            arm_seeds={k: v for k, v in (self.strategy_seeds or {}).items()}, metric=TARGETS["accuracy"],
+            strategy_settings=self.strategy_settings, confidence=self.confidence,
+            max_steps_factor=self.max_steps_factor, run_timeout_s=self.run_timeout_s)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StudyConfig:

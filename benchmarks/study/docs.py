@@ -5,13 +5,13 @@
 
 ``docs/results.md`` is written by hand except between ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->``:
 those blocks are built here from ``docs/results/study.json`` (its recorded configuration, runs and the callbacks
-every run recorded) with the study's own code (:mod:`benchmarks.study.derived`, :mod:`benchmarks.study.report`).
+every run recorded) with the study's own code (:mod:`lit_rlft.study.summary`, :mod:`benchmarks.study.report`).
 ``docs/results/study_tables.md`` is the whole report (``results.md``) rebuilt the same way. The README and
 ``benchmarks/README.md`` hold blocks of their own (:func:`extra_blocks`): the time-to-TRL tables, from
 ``benchmarks/results/time_to_trl_*.json``, and the saving against passes, from ``docs/results/passes/``.
 
 The check also requires that every run recorded the callback settings the study passes now
-(:func:`~benchmarks.study.strategies.strategy_settings` of the recorded configuration, defaults read from the
+(:func:`~lit_rlft.study.strategies.strategy_settings` of the recorded configuration, defaults read from the
 callbacks' signatures): changing a callback's default, or a setting in ``strategies.py``, without re-running the
 affected runs and regenerating the page fails it.
 """
@@ -26,12 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.study.config import StudyConfig
-from benchmarks.study.derived import summarise_pool
-from benchmarks.study.jsonio import read_json
 from benchmarks.study.passes import block as passes_block
 from benchmarks.study.passes import policy_lines
-from benchmarks.study.report import _table, at_marks_rows, baseline_final_lines, results_markdown, settings_lines
-from benchmarks.study.strategies import settings_match, strategy_settings
+from benchmarks.study.recorded import STUDY_JSON, load_study
+from benchmarks.study.report import baseline_final_lines, results_markdown, settings_lines
+from lit_rlft.study.jsonio import read_json
+from lit_rlft.study.report import at_marks_rows
+from lit_rlft.study.report import table as _table
+from lit_rlft.study.strategies import settings_match, strategy_settings
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS_MD = REPO / "docs" / "results.md"
@@ -40,24 +42,11 @@ EXTRA_PAGES = (REPO / "README.md", REPO / "benchmarks" / "README.md")
 #: ``time_to_trl.json`` results by block name (``python -m benchmarks.time_to_trl``, copied into benchmarks/results).
 TIME_TO_TRL = {"time-to-trl-pool4000": REPO / "benchmarks" / "results" / "time_to_trl_pool4000.json",
                "time-to-trl-skewed1000": REPO / "benchmarks" / "results" / "time_to_trl_skewed_pool1000.json"}
-STUDY_JSON = REPO / "docs" / "results" / "study.json"
 TABLES_MD = REPO / "docs" / "results" / "study_tables.md"
 #: The strategies of the results page's "at each evaluation" table (the ones that tie uniform at the end).
 AT_MARKS_STRATEGIES = ("dps_c8", "mopps", "greso")
 
 _BLOCK = re.compile(r"(<!-- generated:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /generated:(?P=name) -->)", re.S)
-
-
-def load_study(path: Path = STUDY_JSON) -> tuple[StudyConfig, dict[str, Any]]:
-    """The recorded study, its pool summaries recomputed from its runs with the current derived code."""
-    study = read_json(path)
-    if study is None:
-        raise FileNotFoundError(f"{path}: missing or unreadable")
-    cfg = StudyConfig.from_dict(study["config"])
-    study["pools"] = {str(size): summarise_pool([r for r in study["runs"] if r.get("pool_size") == size],
-                                                 cfg.strategies_at(size), cfg.confidence, cfg.eval_marks())
-                      for size in cfg.pool_sizes}
-    return cfg, study
 
 
 def _at_marks_block(cfg: StudyConfig, study: dict[str, Any]) -> list[str]:
@@ -69,13 +58,13 @@ def _at_marks_block(cfg: StudyConfig, study: dict[str, Any]) -> list[str]:
 
 def time_to_trl_lines(path: Path) -> list[str]:
     """A recorded ``time_to_trl.json``'s table, with its command and seeds."""
-    from benchmarks.time_to_trl import table
+    from benchmarks.time_to_trl import result_table
 
     result = read_json(path)
     if result is None:
         raise FileNotFoundError(f"{path}: missing or unreadable")
     return [f"`{result['command']}` (seeds {result['seeds']}, pool {result['pool_size']:,}; "
-            f"`{path.relative_to(REPO)}`):", "", *table(result["summary"]).splitlines()]
+            f"`{path.relative_to(REPO)}`):", "", *result_table(result).splitlines()]
 
 
 def extra_blocks() -> dict[str, Callable[[], list[str]]]:
@@ -105,7 +94,7 @@ def settings_problems(cfg: StudyConfig, study: dict[str, Any]) -> list[str]:
     """Runs whose recorded callbacks differ from what the study passes now for them (or that recorded none)."""
     problems = []
     for r in study["runs"]:
-        now = strategy_settings(r["strategy"], cfg, r["seed"])
+        now = strategy_settings(r["strategy"], cfg.strategy_settings, r["seed"])
         if not settings_match(r.get("callbacks"), now):
             problems.append(f"{r['run']}: recorded callbacks {r.get('callbacks')} but the study passes {now}")
     return problems

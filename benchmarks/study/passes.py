@@ -9,12 +9,12 @@
 Every ``docs/results/passes/*.json`` is one recorded study (``study.json`` as ``python -m benchmarks.study`` writes
 it) of one pool size: the same warm start, budget and settings, only the pool's size and composition (balanced or
 skewed) differ, so the budget is ``budget / (G x pool)`` passes over the pool. Each file's summaries are recomputed
-from its runs with the study's current code (:func:`benchmarks.study.docs.load_study`). Per strategy and setting:
+from its runs with the study's current code (:func:`benchmarks.study.recorded.load_study`). Per strategy and setting:
 
 - ``x uniform's completions``: the completions at which the strategy's held-out curve first reaches uniform's final
   accuracy (3+4 numbers, mean over uniform's seeds), over the completions of the same seed's uniform run; geometric
   mean over seeds [95% t-interval on log-ratios]; seeds that never reach it are counted, not averaged
-  (:func:`benchmarks.study.derived.to_baseline_final`). The saving is 1 minus it;
+  (:func:`lit_rlft.study.summary.to_baseline_final`). The saving is 1 minus it;
 - the paired final difference to uniform [95% t-interval];
 - the DPS paper's metric where dynamic sampling ran: the same ratio against dynamic sampling's final accuracy and
   total completions;
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.study.config import StudyConfig
-from benchmarks.study.report import at_marks_rows
+from lit_rlft.study.report import at_marks_rows
 
 REPO = Path(__file__).resolve().parents[2]
 PASSES_DIR = REPO / "docs" / "results" / "passes"
@@ -86,7 +86,7 @@ def settings(directory: Path = PASSES_DIR, policy: str | None = "demo") -> list[
 
     ``policy``: ``"demo"`` keeps the demo policy's records, ``"larger"`` the others, ``None`` all of them.
     """
-    from benchmarks.study.docs import load_study
+    from benchmarks.study.recorded import load_study
 
     paths = sorted(directory.glob("*.json"))
     if not paths:
@@ -112,11 +112,11 @@ def settings(directory: Path = PASSES_DIR, policy: str | None = "demo") -> list[
             to_dynamic = to_final.get("dynamic_sampling", {}).get("strategies", {}).get(s, {}).get("summary")
             rows.append({"file": path.name, "policy": size_of, "composition": composition(cfg), "pool": size,
                          "passes": passes(cfg, size), "strategy": s, "seeds": row["n_ok"],
-                         "final": row["final_accuracy_learnable"]["mean"],
-                         "diff": row["final_accuracy_diff_vs_uniform"], "to_uniform": to_uniform,
+                         "final": row["final"]["accuracy"]["mean"],
+                         "diff": row["final_diff"]["accuracy"], "to_uniform": to_uniform,
                          "to_dynamic": to_dynamic, "wall_s": row["train_wall_s"]["mean"],
                          "distinct": row["distinct_prompts"]["mean"],
-                         "train_reward": row["final_train_reward"]["mean"],
+                         "train_reward": row["final"]["train_reward"]["mean"],
                          "effective_ratio": row["mean_effective_ratio"]["mean"],
                          "trained": row["composition"], "marks": cfg.eval_marks(), "at_marks": marks.get(s)})
     rank = {s: i for i, s in enumerate(ORDER)}
@@ -310,7 +310,7 @@ def add(study_json: Path, directory: Path = PASSES_DIR) -> Path:
     (its configuration, warm start, degeneracy and runs as written; the summaries are recomputed when read)."""
     import json
 
-    from benchmarks.study.jsonio import read_json
+    from lit_rlft.study.jsonio import read_json
 
     study = read_json(study_json)
     if study is None or "config" not in study or "runs" not in study:

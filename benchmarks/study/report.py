@@ -1,57 +1,15 @@
-"""``results.md``: the study's tables (markdown), from the summaries of :mod:`benchmarks.study.derived`."""
+"""``results.md``: the Countdown study's tables (markdown), from the product's summaries
+(:mod:`lit_rlft.study.summary`) of each pool; the formatting is the product's (:mod:`lit_rlft.study.report`)."""
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from benchmarks.study.config import StudyConfig
-from benchmarks.study.strategies import settings_match
+from lit_rlft.study.report import DASH, at_marks_rows, fmt_mean, fmt_ratio, fmt_value, pct, settings_rows
+from lit_rlft.study.report import table as _table
 
-DASH = "–"
-#: Stands for "the run's own seed" in recorded callback settings.
-RUN_SEED = "<run seed>"
-
-
-def fmt_mean(mi: dict[str, Any] | None, digits: int = 3, signed: bool = False) -> str:
-    """``mean [low, high]``, or the mean alone with one seed."""
-    if mi is None or mi.get("mean") is None:
-        return DASH
-    sign = "+" if signed else ""
-    text = f"{mi['mean']:{sign}.{digits}f}"
-    if mi.get("low") is not None:
-        text += f" [{mi['low']:{sign}.{digits}f}, {mi['high']:{sign}.{digits}f}]"
-    return text
-
-
-def fmt_ratio(rs: dict[str, Any]) -> str:
-    """A ratio summary as ``0.71 [0.52, 0.97]``, with censoring said in words."""
-    status = rs["status"]
-    if status == "no_data":
-        return DASH
-    if status == "not_reached":
-        both = " (nor the baseline)" if rs["b_not_reached"] == rs["n"] else ""
-        return f"not reached ({rs['a_not_reached']}/{rs['n']}){both}"
-    if status == "baseline_not_reached":
-        return "baseline not reached"
-    if status == "at_start":
-        return "met at start"
-    text = f"{rs['ratio']:.2f}"
-    if rs["low"] is not None:
-        text += f" [{rs['low']:.2f}, {rs['high']:.2f}]"
-    notes = []
-    if rs["a_not_reached"]:
-        notes.append(f"{rs['a_not_reached']}/{rs['n']} not reached")
-    if rs["b_not_reached"]:
-        notes.append(f"baseline {rs['b_not_reached']}/{rs['n']} not reached")
-    if rs.get("at_start"):
-        notes.append(f"{rs['at_start']}/{rs['n']} met at start")
-    return text + (f" ({'; '.join(notes)})" if notes else "")
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
-
+__all__ = ["at_marks_rows", "baseline_final_lines", "degeneracy_lines", "results_markdown", "settings_lines"]
 
 def degeneracy_lines(degeneracy: dict[str, Any]) -> list[str]:
     lines = []
@@ -77,9 +35,9 @@ def degeneracy_lines(degeneracy: dict[str, Any]) -> list[str]:
 def main_lines(pool: dict[str, Any], strategies: list[str]) -> list[str]:
     t = pool["strategies"]
     rows = [[s, f"{t[s]['n_ok']}" + (f" (+{t[s]['n_failed']} failed)" if t[s]["n_failed"] else ""),
-             fmt_mean(t[s]["final_accuracy_learnable"]), fmt_mean(t[s]["final_accuracy_diff_vs_uniform"], 3, True),
-             fmt_mean(t[s]["final_accuracy"]), fmt_mean(t[s]["final_train_reward"]),
-             fmt_mean(t[s]["final_train_reward_diff_vs_uniform"], 3, True), fmt_mean(t[s]["mean_effective_ratio"]),
+             fmt_mean(t[s]["final"]["accuracy"]), fmt_mean(t[s]["final_diff"]["accuracy"], 3, True),
+             fmt_mean(t[s]["final_accuracy"]), fmt_mean(t[s]["final"]["train_reward"]),
+             fmt_mean(t[s]["final_diff"]["train_reward"], 3, True), fmt_mean(t[s]["mean_effective_ratio"]),
              fmt_mean(t[s]["steps"], 0), fmt_mean(t[s]["train_wall_s"], 0)] for s in strategies if s in t]
     return _table(["strategy", "runs", "final held-out acc 3+4", "minus uniform's (paired)", "final held-out acc (all)",
                    "final train-pool reward", "minus uniform's (paired)", "mean effective ratio", "steps",
@@ -92,7 +50,7 @@ def cost_lines(pool: dict[str, Any], strategies: list[str]) -> list[str]:
     for s in strategies:
         if s not in t:
             continue
-        v = t[s]["vs_uniform"]
+        v = t[s]["vs_baseline"]
         r = t[s]["reached"]
         n = t[s]["n_ok"]
         rows.append([s, f"{r['accuracy']}/{n}", fmt_ratio(v["accuracy"]["completions"]),
@@ -115,7 +73,7 @@ def comparison_lines(pool: dict[str, Any]) -> list[str]:
 
 def diagnostic_lines(pool: dict[str, Any], strategies: list[str]) -> list[str]:
     t = pool["strategies"]
-    rows = [[s, fmt_ratio(t[s]["effective_ratio_vs_uniform"]), fmt_mean(t[s]["fresh_effective_ratio"]),
+    rows = [[s, fmt_ratio(t[s]["effective_ratio_vs_baseline"]), fmt_mean(t[s]["fresh_effective_ratio"]),
              fmt_mean(t[s]["dots_pearson"]), fmt_mean(t[s].get("dots_reference_pearson")),
              fmt_mean(t[s]["cold_start_pearson"]), fmt_mean(t[s]["dps_accuracy"]), fmt_mean(t[s]["overhead_share"], 4),
              fmt_mean(t[s]["non_train_share"])] for s in strategies if s in t]
@@ -137,15 +95,11 @@ def composition_lines(pool: dict[str, Any], strategies: list[str]) -> list[str]:
         c = t.get(s, {}).get("composition", {"share": {}, "effective_share": {}})
         if not c["share"]:
             continue
-        rows.append([s, *[_pct(c["share"].get(b)) for b in buckets], *[_pct(c["effective_share"].get(b)) for b in buckets],
+        rows.append([s, *[pct(c["share"].get(b)) for b in buckets], *[pct(c["effective_share"].get(b)) for b in buckets],
                      fmt_mean(t[s].get("distinct_prompts"), 0), fmt_mean(t[s].get("repeat_share"))])
     names = [b.replace("difficulty_", "") + (" numbers" if b.startswith("difficulty_") else "") for b in buckets]
     return _table(["strategy", *[f"share {n}" for n in names], *[f"informative share {n}" for n in names],
                    "distinct prompts trained", "fresh prompts trained before (share)"], rows)
-
-
-def _pct(x: float | None) -> str:
-    return DASH if x is None else f"{x:.0%}"
 
 
 def sweep_lines(pools: dict[str, Any], strategies: list[str]) -> list[str]:
@@ -154,71 +108,22 @@ def sweep_lines(pools: dict[str, Any], strategies: list[str]) -> list[str]:
               *[f"rollouts to acc target vs uniform @ {s}" for s in sizes]]
     rows = []
     for st in strategies:
-        rows.append([st, *[fmt_mean(pools[s]["strategies"].get(st, {}).get("final_accuracy_learnable")) for s in sizes],
-                     *[fmt_mean(pools[s]["strategies"].get(st, {}).get("final_train_reward")) for s in sizes],
-                     *[fmt_ratio(pools[s]["strategies"][st]["vs_uniform"]["accuracy"]["completions"])
+        rows.append([st, *[fmt_mean(pools[s]["strategies"].get(st, {}).get("final", {}).get("accuracy")) for s in sizes],
+                     *[fmt_mean(pools[s]["strategies"].get(st, {}).get("final", {}).get("train_reward")) for s in sizes],
+                     *[fmt_ratio(pools[s]["strategies"][st]["vs_baseline"]["accuracy"]["completions"])
                        if st in pools[s]["strategies"] else DASH for s in sizes]])
     return _table(header, rows)
 
 
 # -- what ran -----------------------------------------------------------------------------------------------------
-def _fmt_value(value: Any) -> str:
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}={_fmt_value(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, list):
-        return "(" + ", ".join(_fmt_value(v) for v in value) + ")"
-    if isinstance(value, float):
-        return f"{value:g}"
-    return repr(value) if isinstance(value, str) else str(value)
-
-
-def _callback_defaults() -> dict[str, dict[str, Any]]:
-    """``{class name: {argument: default}}`` of the study's callback classes, from their signatures (JSON-ready)."""
-    from benchmarks.study import strategies as st
-
-    classes = {st.DOTSCallback, st.DPSCallback, st.DynamicSamplingCallback, st.GRESOCallback,
-               st.HistoryResamplingCallback, st.MoPPSCallback, st.ReplayCallback}
-    return {c.__name__: {k: st._jsonable(p.default) for k, p in inspect.signature(c).parameters.items()
-                         if p.default is not inspect.Parameter.empty} for c in classes}
-
-
-def recorded_settings(runs: list[dict[str, Any]], strategy: str) -> list[dict[str, Any]] | None:
-    """The callbacks ``strategy``'s runs recorded (``seed`` replaced by :data:`RUN_SEED` after checking it is the
-    run's); ``None`` when no run recorded them; raises when its runs disagree."""
-    found = []
-    for r in runs:
-        if r.get("strategy") != strategy or r.get("status") != "ok":
-            continue
-        callbacks = r.get("callbacks")
-        if callbacks is None:
-            return None
-        normalised = []
-        for c in callbacks:
-            args = dict(c["args"])
-            if "seed" in args:
-                if args["seed"] != r["seed"]:
-                    raise ValueError(f"{r['run']}: callback {c['callback']} ran with seed {args['seed']}, not the run's")
-                args["seed"] = RUN_SEED
-            normalised.append({"callback": c["callback"], "args": args})
-        found.append(normalised)
-    if not found:
-        return None
-    # runs recorded before an argument was added lack it (strategies.ADDED_LATER): the fullest record stands for all
-    fullest = next((f for f in found if all(settings_match(g, f) for g in found)), None)
-    if fullest is None:
-        raise ValueError(f"the runs of {strategy!r} recorded different callback settings")
-    return fullest
-
-
 def settings_lines(study: dict[str, Any]) -> list[str]:
     """The settings every run shares (from the recorded configuration) and, per strategy, every argument of every
     callback as its runs recorded it, split into the ones that differ from the callback's default and the rest."""
     cfg = study["config"]
-    defaults = _callback_defaults()
     lines = [
         f"- GRPO: B={cfg['batch_size']}, G={cfg['num_generations']}, T={cfg['temperature']:g}, "
         f"{cfg['max_completion_length']} new tokens, AdamW lr {cfg['learning_rate']:g} (betas "
-        f"{_fmt_value(cfg['adam_betas'])}, {cfg['warmup_steps']} warm-up steps, gradient norm clipped at "
+        f"{fmt_value(cfg['adam_betas'])}, {cfg['warmup_steps']} warm-up steps, gradient norm clipped at "
         f"{cfg['max_grad_norm']:g}), loss `{cfg['loss_type']}`, advantages scaled by `{cfg['scale_rewards']}`, "
         f"clip epsilon {cfg['epsilon']:g}.",
         f"- Budget: {cfg['budget_completions']:,} completions per run, every purpose counted; evaluated at the start "
@@ -229,21 +134,7 @@ def settings_lines(study: dict[str, Any]) -> list[str]:
         "default' compares with the callback's signature.",
         "",
     ]
-    rows = []
-    for strategy in cfg["strategies"]:
-        settings = recorded_settings(study["runs"], strategy)
-        if settings is None:
-            rows.append([strategy, DASH, "not recorded by its runs", DASH])
-            continue
-        if not settings:
-            rows.append([strategy, "none", DASH, DASH])
-        for c in settings:
-            own = defaults.get(c["callback"], {})
-            args = {k: v for k, v in c["args"].items() if not (k == "seed" and v == RUN_SEED)}
-            changed = [f"{k}={_fmt_value(v)}" for k, v in args.items() if k not in own or own[k] != v]
-            kept = [f"{k}={_fmt_value(v)}" for k, v in args.items() if k in own and own[k] == v]
-            rows.append([strategy, f"`{c['callback']}`", ", ".join(changed) or DASH, ", ".join(kept) or DASH])
-    return lines + _table(["strategy", "callback", "differs from the default", "the callback's default"], rows)
+    return lines + settings_rows(study["runs"], cfg["strategies"])
 
 
 # -- the DPS paper's metric ----------------------------------------------------------------------------------------
@@ -322,28 +213,6 @@ def baseline_final_lines(cfg: StudyConfig, pool: dict[str, Any], size: str, stra
         lines += [f"Per seed, against {b} (target {t['target']:.3f}). {_spacing_text(cfg, denominators)}", "",
                   *_table(["strategy", *[f"seed {x}" for x in seeds], "geometric mean [95% interval]"], rows), ""]
     return lines
-
-
-def at_marks_rows(pool: dict[str, Any], strategies: list[str]) -> list[list[str]]:
-    """Per strategy: held-out accuracy minus uniform's, paired by seed, at every evaluation mark (bold: the interval
-    excludes 0; "identical": every seed's difference is exactly 0)."""
-    at = pool.get("at_marks") or {"strategies": {}}
-    rows = []
-    for s in strategies:
-        cells = at["strategies"].get(s)
-        if cells is None:
-            continue
-        out = []
-        for c in cells:
-            if c["mean"] is None:
-                out.append(DASH)
-            elif c["identical"]:
-                out.append("+0.000 (identical)")
-            else:
-                text = fmt_mean(c, 3, True)
-                out.append(f"**{text}**" if c["low"] is not None and (c["low"] > 0 or c["high"] < 0) else text)
-        rows.append([s, *out])
-    return rows
 
 
 def at_marks_lines(pool: dict[str, Any], strategies: list[str]) -> list[str]:

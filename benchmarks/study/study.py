@@ -1,5 +1,11 @@
-"""The study end to end: warm start, pool degeneracy, every run, derived figures, ``study.json``, ``results.md``
-and the three plots under ``<out>``."""
+"""The Countdown study end to end: warm start, pool degeneracy, then each pool size as a study of the product
+(:func:`lit_rlft.study.run_study` on the pool's run config), the Countdown figures, ``study.json``, ``results.md`` and
+the plots under ``<out>``.
+
+Layout: ``<out>/pool<N>/`` is the product's study of pool ``N`` (its ``run.yaml``, ``arms/``, ``runs/``, its own
+``report.md``); ``<out>/study.json`` and ``results.md`` put the pools together with the Countdown tables (degeneracy,
+the training-pool reward, the sweep across pools, the DPS paper's metric).
+"""
 
 from __future__ import annotations
 
@@ -8,23 +14,25 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from benchmarks.study.config import RunSpec, StudyConfig
+from benchmarks.study.config import COMPARISONS, FINAL_BASELINES, TARGETS, RunSpec, StudyConfig
 from benchmarks.study.degeneracy import measure_degeneracy
-from benchmarks.study.derived import summarise_pool
-from benchmarks.study.jsonio import read_json, write_json
-from benchmarks.study.plots import plot_curves, plot_effective_ratio
 from benchmarks.study.report import results_markdown
-from benchmarks.study.run_one import is_finished, run_json_path
-from benchmarks.study.runner import execute_runs
-from benchmarks.study.strategies import strategy_settings
 from benchmarks.study.warm_start import resolve_warm_start
+from lit_rlft.study import run_study as run_product_study
+from lit_rlft.study.compose import write_config
+from lit_rlft.study.jsonio import read_json, write_json
+from lit_rlft.study.summary import summarise
+
+#: Each pool's curves: held-out accuracy on 3+4 numbers and the training-pool reward.
+PANELS = (("val/accuracy/learnable", "held-out accuracy, 3+4 numbers (T=1)", "accuracy"),
+          ("train_pool_reward", "training-pool reward (fixed subset, T=1, G=4)", "train_reward"))
 
 #: How the derived figures are computed (written into ``study.json``).
 METHODS: dict[str, str] = {
     "targets": "accuracy: uniform's final held-out accuracy on 3+4 numbers; train_reward: uniform's final "
                "training-pool reward; both the mean over uniform's seeds at the same pool size",
-    "crossing": "first crossing of the curve, linear interpolation between evaluation points; never crossed = not "
-                "reached (censored)",
+    "crossing": "first crossing of the curve, linear interpolation between evaluation points, the same rule for "
+                "every strategy (uniform's own seeds included); never crossed = not reached (censored)",
     "to_baseline_final": "completions to reach a baseline's final held-out accuracy on 3+4 numbers (the mean over "
                          "the baseline's seeds; baselines dynamic_sampling and uniform), found as 'crossing', divided "
                          "by the completions of the same seed's baseline run (its last evaluation); geometric mean "
@@ -38,6 +46,14 @@ METHODS: dict[str, str] = {
     "callbacks": "each run records its strategy's callbacks with every constructor argument (defaults included, "
                  "file locations left out), resolved with inspect.signature from the arguments the study passes",
 }
+
+
+def summarise_pool(runs: list[dict[str, Any]], strategies: list[str], confidence: float,
+                   marks: list[int] | None = None) -> dict[str, Any]:
+    """All derived figures of one pool size (the product's :func:`~lit_rlft.study.summary.summarise` with the
+    Countdown targets, comparisons and the DPS paper's baselines)."""
+    return summarise(runs, strategies, confidence, marks, TARGETS, baseline="uniform", comparisons=COMPARISONS,
+                     final_baselines=FINAL_BASELINES)
 
 
 def pool_degeneracy(cfg: StudyConfig, out: Path, warm_start: str) -> dict[str, Any]:
@@ -64,34 +80,24 @@ def pool_degeneracy(cfg: StudyConfig, out: Path, warm_start: str) -> dict[str, A
     return result
 
 
-def retire_stale_runs(cfg: StudyConfig, out: Path) -> list[str]:
-    """Move aside (to ``<out>/runs/stale/``) every finished run whose recorded callback settings differ from what
-    the study passes now (or that has none recorded), so that it runs again; returns their names.
-
-    A run is reused when it says ``ok``, matches ``cfg.run_fingerprint()`` (the settings every run shares) and ran
-    with the callbacks :func:`~benchmarks.study.strategies.strategy_settings` gives now, defaults included: changing
-    one strategy's setting, or a default of its callback, re-runs that strategy and nothing else."""
-    stale = []
-    fingerprint = cfg.run_fingerprint()
-    for spec in cfg.runs():
-        path = run_json_path(out, spec)
-        if is_finished(path, fingerprint) and not is_finished(path, fingerprint, _settings(cfg, spec)):
-            target = path.parent / "stale" / path.name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            path.replace(target)
-            stale.append(spec.name)
-    if stale:
-        print(f"benchmarks.study: {len(stale)} finished run(s) ran with other callback settings than the study passes "
-              f"now and run again (old results in {out / 'runs' / 'stale'}): {', '.join(stale)}")
-    return stale
-
-
-def _settings(cfg: StudyConfig, spec: RunSpec) -> list[dict[str, Any]]:
-    return strategy_settings(spec.strategy, cfg, spec.seed)
+def pool_runs(cfg: StudyConfig, size: int, warm_start: str, out: Path, progress: bool) -> dict[str, Any]:
+    """Pool ``size`` as a study of the product under ``<out>/pool<N>``; its run records, each with ``pool_size``
+    and the Countdown study's run name (``<strategy>-pool<N>-seed<S>``)."""
+    folder = out / f"pool{size}"
+    config = write_config(cfg.run_config(size, warm_start), folder / "run.yaml",
+                          header=f"The Countdown study's run config for pool {size} (python -m benchmarks.study).")
+    study = run_product_study(cfg.study_settings(size, str(config), str(folder)), progress=progress)
+    runs = []
+    for r in study["runs"]:
+        runs.append({**r, "run": RunSpec(r["strategy"], size, r["seed"]).name, "pool_size": size,
+                     "warm_start": warm_start})
+    return {"runs": runs, "timings": study["timings"]}
 
 
 def run_study(cfg: StudyConfig, out: str | Path, progress: bool = True) -> dict[str, Any]:
     """Run (or resume) the study and write its outputs; returns the ``study.json`` content."""
+    from lit_rlft.study.plots import plot_curves, plot_effective_ratio
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -104,11 +110,14 @@ def run_study(cfg: StudyConfig, out: str | Path, progress: bool = True) -> dict[
             print(f"benchmarks.study: pool {size} is only {d['overall']['degenerate']:.0%} degenerate at the start "
                   f"(< {d['target']:.0%}): change its composition (--five-numbers, --bucket-weights)")
     t_runs = time.perf_counter()
-    retire_stale_runs(cfg, out)
-    executed = execute_runs(cfg, warm_start, out, progress=progress)
-    timings.update(runs_s=time.perf_counter() - t_runs, runs_executed=executed["executed"],
-                   runs_reused=executed["reused"])
-    runs = executed["records"]
+    runs: list[dict[str, Any]] = []
+    executed = reused = 0
+    for size in cfg.pool_sizes:
+        pool = pool_runs(cfg, size, warm_start, out, progress)
+        runs += pool["runs"]
+        executed += pool["timings"]["runs_executed"]
+        reused += pool["timings"]["runs_reused"]
+    timings.update(runs_s=time.perf_counter() - t_runs, runs_executed=executed, runs_reused=reused)
     pools = {str(size): summarise_pool([r for r in runs if r.get("pool_size") == size], cfg.strategies_at(size),
                                        cfg.confidence, cfg.eval_marks()) for size in cfg.pool_sizes}
     timings["study_s"] = time.perf_counter() - t0
@@ -117,7 +126,7 @@ def run_study(cfg: StudyConfig, out: str | Path, progress: bool = True) -> dict[
              "runs": runs, "timings": timings, "methods": METHODS}
     write_json(out / "study.json", study)
     for i, size in enumerate(cfg.pool_sizes):
-        pool_runs = [r for r in runs if r.get("pool_size") == size and r.get("status") == "ok" and r.get("curve")]
+        pool_ok = [r for r in runs if r.get("pool_size") == size and r.get("status") == "ok" and r.get("curve")]
         seeds = cfg.seeds if i == 0 else cfg.seeds[: cfg.sweep_seeds]
         if i > 0 and len(seeds) < 2:
             continue  # a one-seed sweep pool is summarised in the sweep table only
@@ -125,8 +134,9 @@ def run_study(cfg: StudyConfig, out: str | Path, progress: bool = True) -> dict[
         title = f"Countdown, pool {size}, budget {cfg.budget_completions:,} completions, seeds {seeds}"
         strategies = cfg.strategies_at(size)
         targets = pools[str(size)]["targets"]
-        plot_curves(pool_runs, strategies, targets, "completions", out / f"accuracy_vs_rollouts{suffix}.png", title)
-        plot_curves(pool_runs, strategies, targets, "wall_s", out / f"accuracy_vs_time{suffix}.png", title)
-        plot_effective_ratio(pool_runs, strategies, out / f"effective_ratio{suffix}.png", title)
+        plot_curves(pool_ok, strategies, targets, "completions", out / f"accuracy_vs_rollouts{suffix}.png", title,
+                    PANELS)
+        plot_curves(pool_ok, strategies, targets, "wall_s", out / f"accuracy_vs_time{suffix}.png", title, PANELS)
+        plot_effective_ratio(pool_ok, strategies, out / f"effective_ratio{suffix}.png", title)
     (out / "results.md").write_text(results_markdown(cfg, study), encoding="utf-8")
     return study

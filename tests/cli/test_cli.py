@@ -121,18 +121,18 @@ def test_top_level_help_lists_every_command_with_one_line(capsys):
     out = capsys.readouterr().out
     assert out.startswith("usage: lit-rlft <command> [options]\n")
     commands = [line.split()[0] for line in out.split("commands:\n")[1].split("\n\n")[0].splitlines()]
-    assert commands == ["fit", "validate", "sft", "dots-adapters", "serve"]
+    assert commands == ["fit", "validate", "sft", "study", "dots-adapters", "serve"]
     assert "  validate       held-out evaluation (data.val) of a policy or a --ckpt_path\n" in out
     assert "Not offered: test and predict" in out and "python -m benchmarks.study --help" in out
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    ([], "lit-rlft: error: a command is required: fit, validate, sft, dots-adapters, serve (see `lit-rlft --help`)"),
+    ([], "lit-rlft: error: a command is required: fit, validate, sft, study, dots-adapters, serve (see `lit-rlft --help`)"),
     (["predict", "--config", "x.yaml"], "lit-rlft: error: 'predict' is not offered: GRPOModule has no predict_step "
      "(generation runs inside fit and validate); `lit-rlft validate` runs the held-out evaluation (data.val)"),
     (["test"], "lit-rlft: error: 'test' is not offered: GRPOModule has no test_step; `lit-rlft validate` runs the "
      "held-out evaluation (data.val)"),
-    (["fitt"], "lit-rlft: error: unknown command 'fitt': choose from fit, validate, sft, dots-adapters, serve "
+    (["fitt"], "lit-rlft: error: unknown command 'fitt': choose from fit, validate, sft, study, dots-adapters, serve "
      "(see `lit-rlft --help`)"),
 ])
 def test_missing_unknown_and_unoffered_commands(capsys, argv, message):

@@ -1,6 +1,6 @@
-"""The study (`python -m benchmarks.study`) end to end in a tiny form: two strategies, an untrained tiny policy, a
-64-prompt pool, a few steps, run as subprocesses side by side; checks the structure of every output (not the
-numbers)."""
+"""The Countdown study (`python -m benchmarks.study`) end to end in a tiny form: two strategies, an untrained tiny
+policy, a 64-prompt pool, a few steps, run by the product (`lit_rlft.study`) as subprocesses side by side; checks the
+structure of every output (not the numbers)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 import benchmarks.study.cli as bench_cli
 from benchmarks.study.config import RunSpec, StudyConfig
-from benchmarks.study.stats import crossing, ratio_summary
+from lit_rlft.study.stats import crossing, ratio_summary
 from tests.conftest import TINY_SMALL
 
 TINY_STUDY = dict(
@@ -28,9 +28,9 @@ def test_bench_end_to_end_two_strategies(tmp_path, monkeypatch):
     out = tmp_path / "bench"
     bench_cli.main(["--out", str(out), "--strategies", "uniform,dps", "--jobs", "2", "--no-progress"])
 
-    for name in ("uniform-pool64-seed0", "dps-pool64-seed0"):
-        run = json.loads((out / "runs" / f"{name}.json").read_text())
-        assert run["status"] == "ok", run.get("traceback")
+    for name in ("uniform-seed0", "dps-seed0"):  # the product's study of pool 64
+        run = json.loads((out / "pool64" / "runs" / f"{name}.json").read_text())
+        assert run["status"] == "ok", run.get("log_tail")
         assert run["budget"]["completions"] >= 48 and run["steps"] >= 3
         curve = run["curve"]
         assert len(curve) >= 3 and curve[0]["step"] == 0
@@ -41,7 +41,7 @@ def test_bench_end_to_end_two_strategies(tmp_path, monkeypatch):
         assert [p["completions"] for p in curve] == sorted(p["completions"] for p in curve)
         for tag in ("effective_ratio", "reward", "time/step_s", "time/generation_s", "budget/completions"):
             assert len(run["series"][tag]) == run["steps"], tag
-    dps = json.loads((out / "runs" / "dps-pool64-seed0.json").read_text())
+    dps = json.loads((out / "pool64" / "runs" / "dps-seed0.json").read_text())
     assert "dps/overhead_s" in dps["series"] and "dps/accuracy" in dps["series"]
     # every run records its callbacks with every argument, defaults included
     assert dps["callbacks"] == [{"callback": "DPSCallback", "args": {
@@ -51,14 +51,14 @@ def test_bench_end_to_end_two_strategies(tmp_path, monkeypatch):
 
     study = json.loads((out / "study.json").read_text())
     assert study["config"]["strategies"] == ["uniform", "dps"]
-    assert len(study["runs"]) == 2
+    assert [r["run"] for r in study["runs"]] == ["uniform-pool64-seed0", "dps-pool64-seed0"]
     deg = study["degeneracy"]["64"]
     assert set(deg["overall"]) >= {"all_correct", "all_wrong", "mixed", "degenerate"}
     pool = study["pools"]["64"]
     assert set(pool["targets"]) == {"accuracy", "train_reward"}
     row = pool["strategies"]["dps"]
-    assert set(row["vs_uniform"]) == {"accuracy", "train_reward"}
-    assert set(row["vs_uniform"]["accuracy"]) == {"completions", "step", "wall_s"}
+    assert set(row["vs_baseline"]) == {"accuracy", "train_reward"}
+    assert set(row["vs_baseline"]["accuracy"]) == {"completions", "step", "wall_s"}
     assert row["dps_accuracy"]["n"] == 1 and row["overhead_share"]["n"] == 1
 
     assert set(pool["to_baseline_final"]) == {"uniform"}  # no dynamic-sampling run here
@@ -88,8 +88,8 @@ def test_a_failed_run_is_recorded_and_reported(tmp_path):
     study = run_study(cfg, tmp_path, progress=False)
     status = {r["run"]: r["status"] for r in study["runs"]}
     assert status == {"uniform-pool64-seed0": "ok", "dots-pool64-seed0": "failed"}
-    failed = json.loads((tmp_path / "runs" / "dots-pool64-seed0.json").read_text())
-    assert "reference_size" in failed["error"] and failed["traceback"]
+    failed = json.loads((tmp_path / "pool64" / "runs" / "dots-seed0.json").read_text())
+    assert "reference_size" in failed["error"] and "reference_size" in failed["log_tail"]
     assert "dots-pool64-seed0" in (tmp_path / "results.md").read_text()
 
 
@@ -215,7 +215,7 @@ def test_degeneracy_only_measures_without_training_and_judges_against_todays_tar
 
 
 def test_an_argument_added_later_at_its_old_behaviour_keeps_recorded_runs_current():
-    from benchmarks.study.strategies import settings_match
+    from lit_rlft.study.strategies import settings_match
 
     recorded = [{"callback": "DPSCallback", "args": {"decay": 0.5, "cold_start": {"reference_size": 32}}}]
     now = [{"callback": "DPSCallback", "args": {"decay": 0.5, "cold_start": {"reference_size": 32,

@@ -11,16 +11,14 @@ import numpy as np
 import pytest
 
 import benchmarks.study.cli as bench_cli
-import benchmarks.study.strategies as strategies
+import lit_rlft.study.strategies as strategies
 from benchmarks.study import docs
-from benchmarks.study.config import RunSpec, StudyConfig
-from benchmarks.study.derived import to_baseline_final
-from benchmarks.study.jsonio import write_json
-from benchmarks.study.run_one import run_json_path
-from benchmarks.study.stats import crossing, crossing_bracket
-from benchmarks.study.strategies import strategy_settings
-from benchmarks.study.study import retire_stale_runs
+from benchmarks.study.config import TARGETS, StudyConfig
+from benchmarks.study.recorded import load_study
 from lit_rlft.callbacks import GRESOCallback
+from lit_rlft.study.stats import crossing, crossing_bracket
+from lit_rlft.study.strategies import strategy_settings
+from lit_rlft.study.summary import to_baseline_final
 
 #: Every run's learnable-accuracy curve as docs/results/study.json recorded it before the MoPPS rerun of issue 19.
 BEFORE = Path(__file__).parent / "data" / "curves_before_mopps_rerun.json"
@@ -34,7 +32,8 @@ def _ratios(table: dict, strategy: str) -> tuple[list[float | None], float | Non
 # -- the DPS paper's metric, against figures computed by hand in the issue ------------------------------------------
 def test_completions_to_dynamic_samplings_final_accuracy_match_the_issues_figures():
     runs = [r for r in json.loads(BEFORE.read_text())["runs"] if r["pool_size"] == 4000]
-    table = to_baseline_final(runs, ["dps_c8", "uniform", "mopps", "dots"], "dynamic_sampling")
+    table = to_baseline_final(runs, ["dps_c8", "uniform", "mopps", "dots"], "dynamic_sampling",
+                              key=TARGETS["accuracy"])
     assert table["target"] == pytest.approx(0.285, abs=5e-4)  # dynamic sampling's final accuracy, mean of 3 seeds
     per_seed, mean = _ratios(table, "dps_c8")
     assert np.round(per_seed, 2).tolist() == [0.57, 0.46, 0.60] and round(mean, 2) == 0.54
@@ -50,7 +49,7 @@ def test_completions_to_dynamic_samplings_final_accuracy_match_the_issues_figure
 
 
 def test_the_recorded_study_gives_the_same_figures_for_the_runs_a_mopps_rerun_leaves_alone():
-    _, study = docs.load_study()
+    _, study = load_study()
     table = study["pools"]["4000"]["to_baseline_final"]["dynamic_sampling"]
     assert table["target"] == pytest.approx(0.2852, abs=1e-4)
     assert np.round(_ratios(table, "dps_c8")[0], 2).tolist() == [0.57, 0.46, 0.60]
@@ -90,7 +89,7 @@ def test_changing_what_strategies_py_passes_breaks_the_check(monkeypatch):
 
 
 def test_settings_include_the_callbacks_defaults_and_mopps_runs_as_the_reference_countdown_scripts():
-    cfg = StudyConfig()
+    cfg = StudyConfig().strategy_settings
     [greso] = strategy_settings("greso", cfg, seed=3)
     assert greso == {"callback": "GRESOCallback", "args": {
         "target_zero_variance": 0.25, "hard_fraction": 2 / 3, "initial_p": 0.5, "step_size": 0.01, "min_keep": 0.01,
@@ -102,22 +101,17 @@ def test_settings_include_the_callbacks_defaults_and_mopps_runs_as_the_reference
     assert strategy_settings("uniform", cfg, 0) == []
 
 
-def test_a_strategy_setting_reruns_that_strategy_only(tmp_path, capsys):
+def test_a_strategy_setting_changes_that_strategys_runs_only():
+    """A finished run is reused while its fingerprint matches: the shared settings and its own callbacks."""
+    from lit_rlft.study.compose import fingerprint
+
     cfg = StudyConfig(strategies=["uniform", "mopps", "greso"], seeds=[0], pool_sizes=[64])
     changed = StudyConfig(**{**cfg.to_dict(), "mopps_decay": 1.0})
     assert changed.run_fingerprint() == cfg.run_fingerprint()  # shared settings unchanged ...
-    assert strategy_settings("mopps", changed, 0) != strategy_settings("mopps", cfg, 0)  # ... mopps' are not
-    for spec in cfg.runs():  # finished runs made with `cfg`; greso's recorded before runs recorded callbacks
-        record = {"run": spec.name, "strategy": spec.strategy, "status": "ok", "fingerprint": cfg.run_fingerprint(),
-                  "callbacks": strategy_settings(spec.strategy, cfg, spec.seed)}
-        if spec.strategy == "greso":
-            del record["callbacks"]
-        write_json(run_json_path(tmp_path, spec), record)
-    assert retire_stale_runs(changed, tmp_path) == ["mopps-pool64-seed0", "greso-pool64-seed0"]
-    assert run_json_path(tmp_path, RunSpec("uniform", 64, 0)).exists()
-    assert (tmp_path / "runs" / "stale" / "mopps-pool64-seed0.json").exists()
-    assert "run again" in capsys.readouterr().out
-    assert retire_stale_runs(changed, tmp_path) == []
+    assert changed.run_config(64, "tiny") == cfg.run_config(64, "tiny")
+    for name, same in (("mopps", False), ("greso", True), ("uniform", True)):
+        before, after = (strategy_settings(name, c.strategy_settings, 0) for c in (cfg, changed))
+        assert (fingerprint(before) == fingerprint(after)) is same, name  # ... mopps' callbacks are not
 
 
 # -- the command line ----------------------------------------------------------------------------------------------

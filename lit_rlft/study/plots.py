@@ -1,21 +1,20 @@
-"""The study's plots: mean across seeds (line) with a +-1 standard deviation band, one line per strategy."""
+"""A study's plots: mean across seeds (line) with a +-1 standard deviation band, one line per arm, the baseline
+black and dashed. Needs matplotlib (``pip install 'lit_rlft[plots]'``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from lit_rlft.reporting import _smooth, pyplot
 
-from lit_rlft.reporting import _smooth  # noqa: E402
-
-PANELS = (("val/accuracy/learnable", "held-out accuracy, 3+4 numbers (T=1)", "accuracy"),
-          ("train_pool_reward", "training-pool reward (fixed subset, T=1, G=4)", "train_reward"))
-X_AXES = {"completions": "cumulative completions (all purposes)", "wall_s": "training wall time (s, excl. eval)"}
+#: ``(curve key, axis label, target kind)`` of each panel of :func:`plot_curves`: the product's default.
+PANELS = (("val/accuracy", "held-out accuracy", "accuracy"),)
+X_AXES = {"completions": "cumulative completions (all purposes)",
+          "wall_s": "training wall-clock (s, from the first step, evaluation excluded)"}
 
 
 def _mean_band(curves: list[tuple[np.ndarray, np.ndarray]], points: int = 120):
@@ -33,13 +32,13 @@ def _mean_band(curves: list[tuple[np.ndarray, np.ndarray]], points: int = 120):
     return grid, ys.mean(axis=0), ys.std(axis=0, ddof=1)
 
 
-def _draw(ax: Any, curves: dict[str, list[tuple[np.ndarray, np.ndarray]]]) -> None:
+def _draw(ax: Any, curves: dict[str, list[tuple[np.ndarray, np.ndarray]]], reference: str = "uniform") -> None:
     for i, (strategy, cs) in enumerate(curves.items()):
         mb = _mean_band(cs)
         if mb is None:
             continue
         x, mean, sd = mb
-        baseline = strategy == "uniform"  # the reference: black, dashed and on top, so no strategy hides it
+        baseline = strategy == reference  # the reference: black, dashed and on top, so no strategy hides it
         color = "black" if baseline else f"C{i % 10}"
         ax.plot(x, mean, color=color, label=f"{strategy} (n={len(cs)})", marker="o" if len(x) < 30 else None, ms=3,
                 ls="--" if baseline else "-", lw=2.0 if baseline else 1.5, zorder=3 if baseline else 2)
@@ -53,18 +52,22 @@ def _curve_xy(run: dict[str, Any], x_key: str, y_key: str) -> tuple[np.ndarray, 
 
 
 def plot_curves(runs: list[dict[str, Any]], strategies: list[str], targets: dict[str, float | None], x_key: str,
-                path: Path, title: str) -> Path:
-    """Held-out learnable accuracy and training-pool reward against ``x_key`` (``completions`` or ``wall_s``)."""
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
-    for ax, (y_key, label, target_kind) in zip(axes, PANELS):
+                path: Path, title: str, panels: Sequence[tuple[str, str, str]] = PANELS,
+                baseline: str = "uniform") -> Path:
+    """Each panel's curve key (``panels``: key, label, target kind) against ``x_key`` (``completions`` or
+    ``wall_s``), with the target (the baseline's final value) as a grey line."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.6), squeeze=False)
+    axes = axes[0]
+    for ax, (y_key, label, target_kind) in zip(axes, panels):
         curves = {s: [_curve_xy(r, x_key, y_key) for r in runs if r["strategy"] == s] for s in strategies}
-        _draw(ax, {s: c for s, c in curves.items() if c})
+        _draw(ax, {s: c for s, c in curves.items() if c}, baseline)
         if targets.get(target_kind) is not None:
-            ax.axhline(targets[target_kind], color="gray", ls="--", lw=1, label="target (uniform's final)")
+            ax.axhline(targets[target_kind], color="gray", ls="--", lw=1, label=f"target ({baseline}'s final)")
         ax.set_xlabel(X_AXES[x_key])
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=7, loc="best")
+    axes[-1].legend(fontsize=7, loc="best")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -75,6 +78,7 @@ def plot_curves(runs: list[dict[str, Any]], strategies: list[str], targets: dict
 def plot_effective_ratio(runs: list[dict[str, Any]], strategies: list[str], path: Path, title: str,
                          window: int = 10) -> Path:
     """Per-step effective ratio of the trained batch (``window``-step mean) against cumulative completions."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.6))
     curves: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
     for s in strategies:

@@ -1,18 +1,19 @@
-"""Derived figures of the study: targets, per-run costs to reach them, and per-strategy summaries across seeds.
+"""Derived figures of a study: targets, per-run costs to reach them, and per-strategy summaries across seeds.
 
-Targets (per pool size, from the uniform runs of that pool):
-- ``accuracy``: uniform GRPO's final held-out accuracy on the learnable bucket (``val/accuracy/learnable``),
-  averaged over uniform's seeds;
-- ``train_reward``: uniform's final ``train_pool_reward`` (fixed 256-prompt training subset, T=1, G=4), averaged
-  over uniform's seeds.
-A run's cost to reach a target is the first crossing of its curve (linear interpolation between evaluation
-points) in cumulative completions, rollout steps and training wall time; a run that never reaches it is censored
-("not reached"). Ratios are paired by seed and summarised by :func:`benchmarks.study.stats.ratio_summary`.
+Targets (from the baseline's runs, ``uniform`` by default): for each ``kind -> curve key`` of ``targets`` (the
+product's default ``{"accuracy": "val/accuracy"}``; the Countdown study's held-out accuracy on 3 and 4 numbers and
+its training-pool reward), the baseline's final value averaged over its seeds.
+
+One crossing rule for every arm, the baseline included (:func:`~lit_rlft.study.stats.crossing`): a run's cost to
+reach a target is the first crossing of its curve, linearly interpolated between evaluation points, in cumulative
+completions, rollout steps and training wall-clock; a curve that starts at or above the target costs 0; a run that
+never reaches it is censored ("not reached"). Ratios to the baseline are paired by seed (the baseline's own first
+crossing of the same target as denominator) and summarised by :func:`~lit_rlft.study.stats.ratio_summary`.
 
 The DPS paper's own metric, :func:`to_baseline_final`: the completions a strategy needs to reach a *baseline's*
-final held-out accuracy (3+4 numbers; the mean over the baseline's seeds), as a share of the completions the
-baseline itself spent (same seed), for the baselines in :data:`FINAL_BASELINES`. :func:`paired_at_marks`: the
-paired difference to uniform at every evaluation mark.
+final value (the mean over the baseline's seeds), as a share of the completions the baseline itself spent (same
+seed, its whole budget), for the baselines of ``final_baselines``. :func:`paired_at_marks`: the paired difference
+to the baseline at every evaluation mark.
 """
 
 from __future__ import annotations
@@ -22,17 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.study.stats import crossing, crossing_bracket, mean_interval, ratio_summary
+from lit_rlft.study.stats import crossing, crossing_bracket, mean_interval, ratio_summary
 
-TARGETS = {"accuracy": "val/accuracy/learnable", "train_reward": "train_pool_reward"}
+#: The product's default target: the config's held-out accuracy.
+TARGETS = {"accuracy": "val/accuracy"}
 MEASURES = ("completions", "step", "wall_s")
-#: Extra paired comparisons besides "vs uniform": (strategy, baseline).
-COMPARISONS = (("dps", "dynamic_sampling"), ("dps_c8", "dynamic_sampling"), ("dps_c8", "dps"),
-               # what the allocation and the content priors add to the strategy they are built on
-               ("allocation_dps", "dps_c8"), ("allocation_mopps", "mopps"), ("allocation_dots", "dots"),
-               ("allocation_dps_cold", "dps_cold_start"), ("dps_cold_start", "dps"), ("dps_content_prior", "dps_c8"))
-#: Baselines of the "completions to reach a baseline's final accuracy" table (the DPS paper's own metric).
-FINAL_BASELINES = ("dynamic_sampling", "uniform")
 
 
 #: Budget purposes whose completions join the groups they were generated for: the planned batch (``train``) and the
@@ -49,22 +44,25 @@ def _finite_mean(values: np.ndarray) -> float | None:
     return float(values.mean()) if values.size else None
 
 
-def compute_targets(runs: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Targets from the ``uniform`` runs given (one pool size)."""
-    uniform = [r for r in runs if r["strategy"] == "uniform" and r.get("status") == "ok" and r.get("curve")]
+def compute_targets(runs: list[dict[str, Any]], targets: dict[str, str] | None = None,
+                    baseline: str = "uniform") -> dict[str, float | None]:
+    """Targets from the ``baseline`` runs given: each kind's final value, the mean over the baseline's seeds."""
+    uniform = [r for r in runs if r["strategy"] == baseline and r.get("status") == "ok" and r.get("curve")]
     out: dict[str, float | None] = {}
-    for kind, key in TARGETS.items():
+    for kind, key in (targets or TARGETS).items():
         finals = [r["curve"][-1].get(key) for r in uniform]
         finals = [f for f in finals if f is not None]
         out[kind] = float(np.mean(finals)) if finals else None
     return out
 
 
-def run_metrics(run: dict[str, Any], targets: dict[str, float | None]) -> dict[str, Any]:
-    """Per-run figures: start and final curve values, costs to reach each target, series means."""
+def run_metrics(run: dict[str, Any], targets: dict[str, float | None],
+                keys: dict[str, str] | None = None) -> dict[str, Any]:
+    """Per-run figures: start and final curve values, costs to reach each target (``targets``: kind -> value;
+    ``keys``: kind -> curve key), series means, the completions wasted on groups without reward spread."""
     curve = run["curve"]
     out: dict[str, Any] = {"final": dict(curve[-1]), "start": dict(curve[0]), "reached": {}}
-    for kind, key in TARGETS.items():
+    for kind, key in (keys or TARGETS).items():
         target = targets.get(kind)
         ys = [p.get(key) for p in curve]
         if target is not None and ys[0] is not None and ys[0] >= target:  # met before training: costs nothing
@@ -97,7 +95,18 @@ def run_metrics(run: dict[str, Any], targets: dict[str, float | None]) -> dict[s
     out["completions"] = budget.get("completions")
     trained = sum(by.get(p, 0) for p in TRAINING_PURPOSES)
     out["non_train_share"] = (1 - trained / budget["completions"]) if budget.get("completions") else None
+    out["wasted_share"] = wasted_share(run)
     return out
+
+
+def wasted_share(run: dict[str, Any]) -> float | None:
+    """The share of all the run's completions (every purpose) that were generated in groups without reward spread
+    (the study's per-step ``zero_spread_completions``); None for runs recorded without them."""
+    log = run.get("step_log") or []
+    total = (run.get("budget") or {}).get("completions")
+    if not log or not total:
+        return None
+    return sum(s.get("zero_spread_completions", 0) for s in log) / total
 
 
 def batch_composition(run: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -198,62 +207,87 @@ def paired_at_marks(runs: list[dict[str, Any]], strategies: list[str], marks: li
     return out
 
 
-def summarise_pool(runs: list[dict[str, Any]], strategies: list[str], confidence: float,
-                   marks: list[int] | None = None) -> dict[str, Any]:
-    """All derived figures of one pool size."""
-    targets = compute_targets(runs)
+def summarise(runs: list[dict[str, Any]], strategies: list[str], confidence: float = 0.95,
+              marks: list[int] | None = None, targets: dict[str, str] | None = None, baseline: str = "uniform",
+              comparisons: tuple[tuple[str, str], ...] = (), final_baselines: tuple[str, ...] = ()
+              ) -> dict[str, Any]:
+    """All derived figures of one set of runs (one study, or one pool size of the Countdown study).
+
+    Args:
+        runs: run records (``strategy``, ``seed``, ``status``, ``curve``, ``series``, ``budget``, ``step_log``).
+        strategies: the arms, in table order.
+        confidence: of every interval.
+        marks: the evaluation marks (completions) of the paired differences at each mark (None: none).
+        targets: kind -> curve key (default :data:`TARGETS`); the first is the primary one (the marks' table).
+        baseline: the arm every other is compared with (its final values are the targets).
+        comparisons: extra ``(arm, other arm)`` paired comparisons.
+        final_baselines: baselines of :func:`to_baseline_final` (the DPS paper's metric), where they ran.
+
+    Per arm: ``final`` / ``start`` / ``final_diff`` (paired, minus the baseline's) per target kind, ``reached`` (seeds
+    that reached each target), ``crossing`` (the first crossings, per measure), ``vs_baseline`` (the crossings'
+    ratios to the baseline's own, paired), the wasted share, the selection overhead share and the diagnostics.
+    """
+    keys = dict(targets or TARGETS)
+    primary = next(iter(keys))
+    values = compute_targets(runs, keys, baseline)
     per_seed: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
     for r in runs:
         if r.get("status") == "ok" and r.get("curve"):
-            per_seed[r["strategy"]][r["seed"]] = run_metrics(r, targets)
+            per_seed[r["strategy"]][r["seed"]] = run_metrics(r, values, keys)
+
+    def paired_final(a: str, b: str, key: str) -> dict[str, Any]:
+        common = sorted(set(per_seed.get(a, {})) & set(per_seed.get(b, {})))
+        return mean_interval([per_seed[a][x]["final"].get(key, np.nan) - per_seed[b][x]["final"].get(key, np.nan)
+                              for x in common], confidence)
+
+    def mi(values: list[Any]) -> dict[str, Any]:
+        return mean_interval(values, confidence)
+
     table: dict[str, Any] = {}
     for s in strategies:
         ms = list(per_seed.get(s, {}).values())
         row: dict[str, Any] = {
             "n_ok": len(ms), "n_failed": sum(1 for r in runs if r["strategy"] == s and r.get("status") != "ok"),
-            "final_accuracy_learnable": mean_interval([m["final"].get(TARGETS["accuracy"]) for m in ms], confidence),
-            "final_accuracy": mean_interval([m["final"].get("val/accuracy") for m in ms], confidence),
-            "final_train_reward": mean_interval([m["final"].get("train_pool_reward") for m in ms], confidence),
-            "start_accuracy_learnable": mean_interval([m["start"].get(TARGETS["accuracy"]) for m in ms], confidence),
-            "steps": mean_interval([m["final"]["step"] for m in ms], confidence),
-            "train_wall_s": mean_interval([m["final"]["wall_s"] for m in ms], confidence),
-            "mean_effective_ratio": mean_interval([m["mean_effective_ratio"] for m in ms], confidence),
-            "fresh_effective_ratio": mean_interval([m["fresh_effective_ratio"] for m in ms], confidence),
-            "dots_pearson": mean_interval([m["dots_pearson"] for m in ms], confidence),
-            "cold_start_pearson": mean_interval([m["cold_start_pearson"] for m in ms], confidence),
-            "dots_reference_pearson": mean_interval([m["dots_reference_pearson"] for m in ms], confidence),
-            "dps_accuracy": mean_interval([m["dps_accuracy"] for m in ms], confidence),
-            "overhead_share": mean_interval([m["overhead_share"] for m in ms], confidence),
-            "non_train_share": mean_interval([m["non_train_share"] for m in ms], confidence),
+            "seeds": sorted(per_seed.get(s, {})),
+            "final": {k: mi([m["final"].get(key) for m in ms]) for k, key in keys.items()},
+            "start": {k: mi([m["start"].get(key) for m in ms]) for k, key in keys.items()},
+            "final_diff": {k: paired_final(s, baseline, key) for k, key in keys.items()},
+            "final_accuracy": mi([m["final"].get("val/accuracy") for m in ms]),
+            "steps": mi([m["final"]["step"] for m in ms]),
+            "train_wall_s": mi([m["final"]["wall_s"] for m in ms]),
+            "completions": mi([m["completions"] for m in ms]),
+            "wasted_share": mi([m["wasted_share"] for m in ms]),
+            "mean_effective_ratio": mi([m["mean_effective_ratio"] for m in ms]),
+            "fresh_effective_ratio": mi([m["fresh_effective_ratio"] for m in ms]),
+            "dots_pearson": mi([m["dots_pearson"] for m in ms]),
+            "cold_start_pearson": mi([m["cold_start_pearson"] for m in ms]),
+            "dots_reference_pearson": mi([m["dots_reference_pearson"] for m in ms]),
+            "dps_accuracy": mi([m["dps_accuracy"] for m in ms]),
+            "overhead_share": mi([m["overhead_share"] for m in ms]),
+            "non_train_share": mi([m["non_train_share"] for m in ms]),
             "composition": _mean_composition(ms),
-            "distinct_prompts": mean_interval([m["distinct_prompts"] for m in ms], confidence),
-            "repeat_share": mean_interval([m["repeat_share"] for m in ms], confidence),
-            "reached": {k: sum(1 for m in ms if m["reached"][k]["completions"] is not None) for k in TARGETS},
-            "vs_uniform": {k: {m: ratio_summary(_paired(per_seed, s, "uniform", k, m), confidence)
-                               for m in MEASURES} for k in TARGETS},
+            "distinct_prompts": mi([m["distinct_prompts"] for m in ms]),
+            "repeat_share": mi([m["repeat_share"] for m in ms]),
+            "reached": {k: sum(1 for m in ms if m["reached"][k]["completions"] is not None) for k in keys},
+            "crossing": {k: {m: [x["reached"][k][m] for x in ms] for m in MEASURES} for k in keys},
+            "vs_baseline": {k: {m: ratio_summary(_paired(per_seed, s, baseline, k, m), confidence)
+                                for m in MEASURES} for k in keys},
         }
-        common = sorted(set(per_seed.get(s, {})) & set(per_seed.get("uniform", {})))
-        for kind, key in TARGETS.items():  # paired final difference: informative even when nobody reaches a target
-            diffs = [per_seed[s][x]["final"].get(key, np.nan) - per_seed["uniform"][x]["final"].get(key, np.nan)
-                     for x in common]
-            row[f"final_{kind}_diff_vs_uniform"] = mean_interval(diffs, confidence)
-        eff = [(per_seed[s][x]["mean_effective_ratio"], per_seed["uniform"][x]["mean_effective_ratio"])
-               for x in sorted(set(per_seed.get(s, {})) & set(per_seed.get("uniform", {})))]
+        eff = [(per_seed[s][x]["mean_effective_ratio"], per_seed[baseline][x]["mean_effective_ratio"])
+               for x in sorted(set(per_seed.get(s, {})) & set(per_seed.get(baseline, {})))]
         eff = [(a, b) for a, b in eff if a and b]  # both positive (an all-degenerate run has no ratio)
-        row["effective_ratio_vs_uniform"] = ratio_summary(eff, confidence)
+        row["effective_ratio_vs_baseline"] = ratio_summary(eff, confidence)
         table[s] = row
-    comparisons = {}
-    for a, b in COMPARISONS:
+    pairs = {}
+    for a, b in comparisons:
         if a in per_seed and b in per_seed:
-            comparisons[f"{a}_vs_{b}"] = {k: {m: ratio_summary(_paired(per_seed, a, b, k, m), confidence)
-                                              for m in MEASURES} for k in TARGETS}
-            common = sorted(set(per_seed[a]) & set(per_seed[b]))
-            for kind, key in TARGETS.items():  # the paired final difference at equal rollouts
-                diffs = [per_seed[a][x]["final"].get(key, np.nan) - per_seed[b][x]["final"].get(key, np.nan)
-                         for x in common]
-                comparisons[f"{a}_vs_{b}"][kind]["final_diff"] = mean_interval(diffs, confidence)
-    return {"targets": targets, "strategies": table, "comparisons": comparisons,
-            "to_baseline_final": {b: to_baseline_final(runs, strategies, b, confidence) for b in FINAL_BASELINES
-                                  if b in per_seed},
-            "at_marks": paired_at_marks(runs, strategies, marks, "uniform", confidence) if marks else None,
+            pairs[f"{a}_vs_{b}"] = {k: {m: ratio_summary(_paired(per_seed, a, b, k, m), confidence)
+                                        for m in MEASURES} for k in keys}
+            for kind, key in keys.items():  # the paired final difference at equal rollouts
+                pairs[f"{a}_vs_{b}"][kind]["final_diff"] = paired_final(a, b, key)
+    return {"targets": values, "target_keys": keys, "baseline": baseline, "strategies": table, "comparisons": pairs,
+            "to_baseline_final": {b: to_baseline_final(runs, strategies, b, confidence, keys[primary])
+                                  for b in final_baselines if b in per_seed},
+            "at_marks": (paired_at_marks(runs, strategies, marks, baseline, confidence, keys[primary])
+                         if marks else None),
             "per_run": {f"{s}-seed{seed}": m for s, d in per_seed.items() for seed, m in d.items()}}

@@ -1,25 +1,26 @@
-"""The callbacks that make each strategy of the study (settings from :class:`StudyConfig`), and the settings they
-actually run with.
+"""The study's arms: the shipped strategies (each a list of callbacks with its settings) and a user's own overlay
+file of callbacks, and the settings every arm records.
 
-Every strategy is a list of :class:`CallbackSpec` (a callback class and the keyword arguments the study passes);
-:func:`strategy_callbacks` instantiates them and :func:`strategy_settings` resolves them against the class's
-signature, defaults included. The settings are recorded in every run's JSON (``callbacks``), a run is reused only
-while they still match (``benchmarks.study.study.retire_stale_runs``), and the settings block of ``results.md`` and
-``docs/results.md`` is generated from them, never typed by hand.
+Every shipped strategy is a list of :class:`CallbackSpec` (a callback class and the keyword arguments the study
+passes, from :class:`StrategySettings`); :func:`strategy_callbacks` instantiates them and :func:`strategy_settings`
+resolves them against the class's signature, defaults included. The settings are recorded in every run's JSON
+(``callbacks``), a finished run is reused only while they still match, and the settings block of a report is
+generated from them, never typed by hand. :func:`load_overlay` reads a user's YAML overlay (``trainer.callbacks``
+as ``class_path`` / ``init_args``, as in ``configs/strategies/*.yaml``) into the same specs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-import lightning as L
-
-from benchmarks.study.config import STRATEGIES, StudyConfig
 from lit_rlft.callbacks import (
     AllocationCallback,
+    BatchCompositionLogger,
+    CompletionLogger,
     DifficultyPredictorConfig,
     DOTSCallback,
     DPSCallback,
@@ -28,10 +29,67 @@ from lit_rlft.callbacks import (
     HistoryResamplingCallback,
     MoPPSCallback,
     ReplayCallback,
+    RolloutHook,
     ScreeningCallback,
+    SelectionCallback,
     SequentialSamplingCallback,
     UniformHandbackCallback,
 )
+from lit_rlft.core.imports import import_object
+
+#: Every shipped strategy, in table order.
+STRATEGIES: tuple[str, ...] = (
+    "uniform", "dynamic_sampling", "history", "dots", "dots_replay", "dps", "dps_c8", "dps_replay", "dps_cold_start",
+    "mopps", "greso", "screening", "sequential", "allocation_dps", "allocation_mopps", "allocation_dots",
+    "allocation_dps_cold", "dps_content_prior", "allocation_dots_broad", "dps_c8_handback",
+)
+
+
+@dataclass
+class StrategySettings:
+    """The shipped strategies' settings (what :func:`strategy_specs` passes their callbacks; the rest are the
+    callbacks' own defaults). The defaults are the reference codes' Countdown settings, the study's since issue 19."""
+
+    dps_decay: float = 0.5
+    dps_candidate_ratio: int = 8
+    # MoPPS as its reference code's Countdown scripts (recipe/ours/scripts/countdown/cd_verl_*_topk_noinit.sh:
+    # tasksampler.ts_ratio=8, tasksampler.bandit_decay_ratio=0.5); the callback's defaults (16, 1.0) are its MATH ones.
+    mopps_candidate_ratio: int = 8
+    mopps_decay: float = 0.5
+    greso_target: float = 0.25
+    dots_alpha: float = 0.5
+    dots_tau: float = 1e-3
+    reference_size: int = 32
+    update_every: int = 4
+    dots_online_steps: int = 20
+    replay_delta: float = 0.5
+    replay_capacity: int = 256
+    dynamic_max_rounds: int = 10
+    screening_generations: int = 2  # ScreeningCallback's initial_generations (of num_generations)
+    screening_max_rounds: int = 4
+    sequential_initial_generations: int = 2  # SequentialSamplingCallback: a first round of 2, then rounds of 2
+    sequential_round_generations: int = 2
+    sequential_max_generations: int = 8  # at most uniform's G per prompt
+    allocation_min_generations: int = 2  # AllocationCallback: 2 to 16 per prompt, in steps of 2
+    allocation_max_generations: int = 16
+    allocation_budget_ratio: float = 1.0  # at most uniform's B x G per step
+    allocation_granularity: int = 2
+    allocation_min_gain: float = 0.01
+    broad_dots_tau: float = 100.0  # allocation_dots_broad: DOTS' selection temperature, so high its choice is uniform
+    # dps_c8_handback: the batch handed back to uniform sampling from 2 to 4 passes over the pool (where the
+    # selectors' early lead over uniform ended in the pool-1,000 and pool-200 studies)
+    handback_start_passes: float = 2.0
+    handback_end_passes: float = 4.0
+    content_prior_reference_size: int = 256  # dps_content_prior: the last 256 observed prompts (8 steps of B=32)
+
+    @classmethod
+    def of(cls, source: Any) -> StrategySettings:
+        """The settings read from ``source``'s attributes of the same names (a config that holds them)."""
+        return cls(**{f.name: getattr(source, f.name) for f in dataclasses.fields(cls)})
+
+
+#: The names of :class:`StrategySettings`' fields.
+STRATEGY_FIELDS: frozenset[str] = frozenset(f.name for f in dataclasses.fields(StrategySettings))
 
 #: The ``SelectionCallback.name`` each strategy logs its ``<name>/overhead_s`` under (None: no selection callback).
 SELECTION_NAME: dict[str, str | None] = {
@@ -44,8 +102,10 @@ SELECTION_NAME: dict[str, str | None] = {
 
 #: Arguments that say where a run keeps files, not what it does: left out of the recorded settings.
 LOCATION_ARGS = frozenset({"cache_dir"})
+#: Where the DOTS embedding cache goes when the study does not say (relative to the run's folder).
+CACHE_DIR = ".cache/lit_rlft/embeddings"
 
-#: MoPPS' settings that are not ``StudyConfig`` fields, as the MoPPS reference code's Countdown scripts run them
+#: MoPPS' settings that are not :class:`StrategySettings` fields, as the MoPPS reference code's Countdown scripts run them
 #: (thu-rllab/MoPPS ``recipe/ours/config/our_trainer.yaml``: ``bandit_target_mean: 0.5``, ``bandit_sample_strategy:
 #: topk``; ``recipe/ours/mopps.py``: ``PosteriorSampler(prior_alpha=1.0, prior_beta=1.0)``). Passed explicitly so
 #: that a change of the callback's defaults cannot change the study silently.
@@ -78,14 +138,56 @@ class CallbackSpec:
     """One callback of a strategy: its class and the keyword arguments the study passes (the rest are defaults)."""
 
     cls: type
-    kwargs: dict[str, Any]
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
-    def build(self) -> L.Callback:
+    def build(self) -> Any:
         return self.cls(**self.kwargs)
 
     def settings(self) -> dict[str, Any]:
         """``{"callback": class name, "args": every argument, defaults included}`` (JSON-ready; no file locations)."""
         return {"callback": self.cls.__name__, "args": resolved_arguments(self.cls, self.kwargs)}
+
+    def config(self) -> dict[str, Any]:
+        """The callback as a LightningCLI config entry: ``{"class_path": ..., "init_args": {...}}`` (the arguments the
+        study passes; dataclass arguments as their fields)."""
+        return {"class_path": public_path(self.cls), "init_args": {k: _config_value(v) for k, v in self.kwargs.items()}}
+
+    @property
+    def is_strategy(self) -> bool:
+        """Whether the callback chooses or reshapes batches (a selection callback or a rollout hook)."""
+        return is_strategy_callback(self.cls)
+
+
+def public_path(cls: type) -> str:
+    """The shortest dotted path that names ``cls`` below its top package (``lit_rlft.callbacks.DPSCallback`` rather
+    than ``lit_rlft.callbacks.dps.DPSCallback``)."""
+    import importlib
+
+    parts = cls.__module__.split(".")
+    for n in range(min(2, len(parts)), len(parts) + 1):
+        module = ".".join(parts[:n])
+        try:
+            if getattr(importlib.import_module(module), cls.__qualname__, None) is cls:
+                return f"{module}.{cls.__qualname__}"
+        except ImportError:
+            continue
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def is_strategy_callback(cls: type) -> bool:
+    """Whether callbacks of ``cls`` choose the next batch or reshape the rolled-out one: what makes an arm."""
+    return issubclass(cls, (SelectionCallback, RolloutHook, UniformHandbackCallback))
+
+
+def _config_value(value: Any) -> Any:
+    """A constructor argument as YAML can carry it: dataclasses as their fields (all of them), tuples as lists."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _config_value(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_config_value(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _config_value(v) for k, v in value.items()}
+    return value
 
 
 def _jsonable(value: Any) -> Any:
@@ -108,8 +210,7 @@ def resolved_arguments(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: _jsonable(v) for k, v in bound.arguments.items() if k not in LOCATION_ARGS}
 
 
-def strategy_specs(name: str, cfg: StudyConfig, seed: int, cache_dir: str = ".cache/lit_rlft/embeddings"
-                   ) -> list[CallbackSpec]:
+def strategy_specs(name: str, cfg: StrategySettings, seed: int, cache_dir: str = CACHE_DIR) -> list[CallbackSpec]:
     """The callbacks of strategy ``name`` (selection first, then rollout hooks), as classes and arguments.
 
     - ``uniform``: none (the batch plan's uniform sampling without replacement per epoch).
@@ -216,12 +317,120 @@ def strategy_specs(name: str, cfg: StudyConfig, seed: int, cache_dir: str = ".ca
     return [dps(cold)]
 
 
-def strategy_callbacks(name: str, cfg: StudyConfig, seed: int, cache_dir: str) -> list[L.Callback]:
+def strategy_callbacks(name: str, cfg: StrategySettings, seed: int, cache_dir: str = CACHE_DIR) -> list[Any]:
     """The callbacks of strategy ``name`` (see :func:`strategy_specs`)."""
     return [spec.build() for spec in strategy_specs(name, cfg, seed, cache_dir)]
 
 
-def strategy_settings(name: str, cfg: StudyConfig, seed: int) -> list[dict[str, Any]]:
+def strategy_settings(name: str, cfg: StrategySettings, seed: int) -> list[dict[str, Any]]:
     """What strategy ``name`` runs with at ``seed``: ``[{"callback": ..., "args": {...}}]``, every argument of every
     callback, defaults included (what a run records in its JSON as ``callbacks``)."""
     return [spec.settings() for spec in strategy_specs(name, cfg, seed)]
+
+
+# -- arms: a shipped strategy or a user's overlay file ------------------------------------------------------------
+#: Callbacks the study itself adds to every arm (never an arm's own): left out of an overlay's strategy.
+NOT_STRATEGY = (BatchCompositionLogger, CompletionLogger)
+
+
+class ArmError(ValueError):
+    """A strategy name or overlay file the study cannot use (the message names it)."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm of a study: a name and how its callbacks are made for a seed.
+
+    ``strategy``: a shipped strategy (:data:`STRATEGIES`), or None for an overlay; ``overlay``: the overlay file's
+    callbacks (``CallbackSpec`` with the file's arguments); ``path``: the overlay file.
+    """
+
+    name: str
+    strategy: str | None = None
+    overlay: tuple[CallbackSpec, ...] = ()
+    path: str | None = None
+
+    def specs(self, settings: StrategySettings, seed: int, cache_dir: str = CACHE_DIR) -> list[CallbackSpec]:
+        """The arm's callbacks at ``seed``. An overlay's callbacks that take a ``seed`` and were not given one get
+        the run's seed, as the shipped strategies do."""
+        if self.strategy is not None:
+            return strategy_specs(self.strategy, settings, seed, cache_dir)
+        out = []
+        for spec in self.overlay:
+            kwargs = dict(spec.kwargs)
+            if "seed" in inspect.signature(spec.cls).parameters and "seed" not in kwargs:
+                kwargs["seed"] = seed
+            if "cache_dir" in inspect.signature(spec.cls).parameters and "cache_dir" not in kwargs:
+                kwargs["cache_dir"] = cache_dir
+            out.append(CallbackSpec(spec.cls, kwargs))
+        return out
+
+    def settings(self, settings: StrategySettings, seed: int) -> list[dict[str, Any]]:
+        """What the arm runs with at ``seed`` (see :func:`strategy_settings`)."""
+        return [spec.settings() for spec in self.specs(settings, seed)]
+
+    def selection_name(self) -> str | None:
+        """The ``SelectionCallback.name`` the arm logs its ``<name>/overhead_s`` under (None: no selection)."""
+        if self.strategy is not None:
+            return SELECTION_NAME[self.strategy]
+        for spec in self.overlay:
+            if issubclass(spec.cls, SelectionCallback):
+                return getattr(spec.cls, "name", None)
+        return None
+
+
+def resolve_arm(text: str) -> Arm:
+    """The arm a ``--strategies`` entry names: a shipped strategy, or a YAML overlay file (its stem names the arm).
+
+    Raises:
+        ArmError: neither a shipped strategy nor an existing file, or a file that is not a callbacks overlay.
+    """
+    if text in STRATEGIES:
+        return Arm(name=text, strategy=text)
+    path = Path(text)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        return load_overlay(path)
+    raise ArmError(f"unknown strategy {text!r}: choose from {', '.join(STRATEGIES)}, or give a YAML overlay file "
+                   "(trainer.callbacks as class_path / init_args, as in configs/strategies/*.yaml)")
+
+
+def load_overlay(path: str | Path) -> Arm:
+    """A user's overlay file as an arm named after the file: its ``trainer.callbacks`` that choose or reshape batches
+    (selection callbacks, rollout hooks); loggers such as ``CompletionLogger`` are left to the base config.
+
+    Raises:
+        ArmError: the file is missing or unreadable, has no ``trainer.callbacks``, names a class that cannot be
+            imported, or arguments its class does not take (the message names the file and the entry).
+    """
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ArmError(f"strategy overlay {path}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise ArmError(f"strategy overlay {path}: not valid YAML ({e})") from e
+    entries = (data.get("trainer") or {}).get("callbacks") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise ArmError(f"strategy overlay {path}: no trainer.callbacks list (an overlay holds the arm's callbacks as "
+                       "class_path / init_args, as configs/strategies/*.yaml do)")
+    specs = []
+    for i, entry in enumerate(entries):
+        where = f"strategy overlay {path}: trainer.callbacks[{i}]"
+        if not isinstance(entry, dict) or "class_path" not in entry:
+            raise ArmError(f"{where}: expected a mapping with class_path (and init_args), got {entry!r}")
+        try:
+            cls = import_object(str(entry["class_path"]), "callback")
+        except (ImportError, ValueError, AttributeError) as e:
+            raise ArmError(f"{where}: {e}") from e
+        if not isinstance(cls, type):
+            raise ArmError(f"{where}: {entry['class_path']} is not a class")
+        kwargs = dict(entry.get("init_args") or {})
+        try:
+            inspect.signature(cls).bind(**kwargs)
+        except TypeError as e:
+            raise ArmError(f"{where}: {cls.__name__} {e}") from e
+        if not issubclass(cls, NOT_STRATEGY):
+            specs.append(CallbackSpec(cls, kwargs))
+    return Arm(name=path.stem, overlay=tuple(specs), path=str(path))
