@@ -13,9 +13,10 @@ the run itself is the user's own ``fit``. The callback:
   so it starts at the first training step;
 - counts, per step, the completions generated in groups without reward spread (fresh groups only; a dynamic-sampling
   round's discarded groups included): the rollouts that taught nothing;
-- writes everything to ``out`` (JSON, atomically) after every evaluation, so a run that dies keeps its curve.
-
-Its state (curve, steps, clocks) is in the checkpoint, so a resumed run goes on measuring where it stopped.
+- writes everything to ``out`` (JSON, atomically) after every evaluation, so a run that dies keeps its curve;
+- with ``checkpoint``, saves the run (weights, optimizer, every callback's state: the selection's, the plan, its own
+  curve and clocks) to that file after every evaluation but the last, so a killed run resumes from its last mark
+  (``lit-rlft fit --ckpt_path``) and selects, samples and measures what the uninterrupted run would have.
 """
 
 from __future__ import annotations
@@ -61,18 +62,20 @@ class StudyCallback(L.Callback):
         start_cache: a JSON file shared by the study's runs holding the start evaluation (None: always measure).
         eval_reward_funcs: score the evaluation with these rewards instead of the run's (e.g. the rule, while the
             run trains on a learned reward model).
+        checkpoint: a checkpoint file written after every evaluation at a mark before the last (None: none).
     """
 
     def __init__(self, marks: list[int], out: str, eval_seed: int = 0, train_subset: int = 0,
                  train_generations: int = 4, groups: dict[str, list[Any]] | None = None,
-                 start_cache: str | None = None, eval_reward_funcs: list[str] | None = None):
+                 start_cache: str | None = None, eval_reward_funcs: list[str] | None = None,
+                 checkpoint: str | None = None):
         if not marks or any(b <= a for a, b in zip(marks, marks[1:])) or marks[0] < 1:
             raise ValueError(f"StudyCallback: marks must be increasing positive completion counts, got {marks}")
         self.marks, self.out = [int(m) for m in marks], str(out)
         self.settings = EvalSettings(seed=eval_seed, train_subset=train_subset, train_generations=train_generations,
                                      groups=groups or {}, reward_funcs=list(eval_reward_funcs or []))
         self.evaluator = HeldOutEvaluator(self.settings)
-        self.start_cache = start_cache
+        self.start_cache, self.checkpoint = start_cache, checkpoint
         self.curve: list[dict[str, Any]] = []
         self.steps: list[dict[str, Any]] = []
         self.train_s = 0.0  # the training wall-clock: the sum of step times
@@ -106,6 +109,10 @@ class StudyCallback(L.Callback):
             self._next, crossed = self._next + 1, True
         if crossed:
             self._evaluate(trainer, pl_module)
+            if self.checkpoint and self._next < len(self.marks):  # the last mark ends the run: nothing to resume
+                t0 = time.perf_counter()
+                trainer.save_checkpoint(self.checkpoint)
+                self.eval_s += time.perf_counter() - t0  # kept out of the training clock, as evaluations are
 
     def on_train_end(self, trainer: L.Trainer, pl_module: Any) -> None:
         if not self.curve or self.curve[-1]["step"] != pl_module.grpo.rollout_step:

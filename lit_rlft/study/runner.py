@@ -129,7 +129,8 @@ def _subprocess_run(run: PlannedRun, threads: int, timeout_s: float | None, proc
     run.run_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     error = None
-    with run.log_path.open("w") as log:
+    resumed = "--ckpt_path" in run.command
+    with run.log_path.open("a" if resumed else "w") as log:  # a resumed run keeps the log of its first part
         log.write("$ " + " ".join(run.command) + "\n")
         log.flush()
         rc = processes.run(run.command, log, run_env(threads), timeout_s)

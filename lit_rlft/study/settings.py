@@ -50,6 +50,9 @@ class StudySettings:
         confidence: of every interval.
         max_steps_factor: ``trainer.max_steps`` backstop, in multiples of the budget's uniform steps.
         run_timeout_s: a run past this many seconds is killed and recorded as failed (None: no limit).
+        checkpoints: save each run after every evaluation but the last, so that a killed study resumes its
+            unfinished runs from their last mark instead of from the start (the checkpoint is deleted when the run
+            finishes).
     """
 
     configs: list[str]
@@ -72,6 +75,7 @@ class StudySettings:
     confidence: float = 0.95
     max_steps_factor: int = 10
     run_timeout_s: float | None = None
+    checkpoints: bool = True
 
     def __post_init__(self) -> None:
         self.configs = [str(c) for c in self.configs]

@@ -41,6 +41,8 @@ from lit_rlft.study.summary import summarise
 __all__ = ["TRL_ARM", "StudyError", "StudySettings", "check", "plan", "rebuild_report", "run_study",
            "summarise_study"]
 
+#: A run's checkpoint at its last mark (while it is unfinished) and the fingerprint it belongs to.
+RESUME_CKPT, RESUME_KEY = "resume.ckpt", "resume.json"
 #: Per-step TensorBoard series kept in a run's record: exact tags, then tag prefixes (and ``<selection>/...``).
 SERIES_TAGS = ("effective_ratio", "reward", "time/step_s", "time/generation_s", "budget/completions",
                "dots/pearson", "dots/reference_pearson", "dps/accuracy", "dps/cold_start_pearson",
@@ -201,8 +203,9 @@ def _study_callbacks(settings: StudySettings, checked: Checked, run_dir: Path, o
     entries.append({"class_path": "lit_rlft.study.StudyCallback", "init_args": {
         "marks": settings.marks, "out": str(run_dir / "measurements.json"), "eval_seed": ev.seed,
         "train_subset": ev.train_subset, "train_generations": ev.train_generations, "groups": ev.groups,
-        "start_cache": str(out / "start_eval.json"), **({"eval_reward_funcs": ev.reward_funcs} if ev.reward_funcs
-                                                        else {})}})
+        "start_cache": str(out / "start_eval.json"),
+        **({"eval_reward_funcs": ev.reward_funcs} if ev.reward_funcs else {}),
+        **({"checkpoint": str(run_dir / RESUME_CKPT)} if settings.checkpoints else {})}})
     return entries
 
 
@@ -232,19 +235,35 @@ def plan(settings: StudySettings, checked: Checked) -> list[PlannedRun]:
             command = python_command("-m", "lit_rlft.study.trl_arm", "--config", str(config_path))
             in_process = _trl_in_process(config_path)
         else:
-            command = python_command("-m", "lit_rlft.cli", "fit", "--config", str(config_path))
-            in_process = _fit_in_process(config_path)
+            resume = resumable(run_dir, key)
+            command = python_command("-m", "lit_rlft.cli", "fit", "--config", str(config_path),
+                                     *(["--ckpt_path", str(resume)] if resume else []))
+            in_process = _fit_in_process(config_path, resume)
+            info["resumed_from"] = str(resume) if resume else None
+            write_json(run_dir / RESUME_KEY, {"fingerprint": key})
         runs.append(PlannedRun(name=name, arm=label, seed=seed, run_dir=run_dir,
                                record_path=out / "runs" / f"{name}.json", fingerprint=key, command=command,
                                in_process=in_process, collect=collect, info=info))
     return runs
 
 
-def _fit_in_process(path: Path) -> Any:
+def resumable(run_dir: Path, key: str) -> Path | None:
+    """The checkpoint an unfinished run of fingerprint ``key`` left at its last mark, if any (one of another config is
+    removed)."""
+    ckpt, stamp = run_dir / RESUME_CKPT, read_json(run_dir / RESUME_KEY)
+    if not ckpt.exists():
+        return None
+    if not stamp or stamp.get("fingerprint") != key:
+        ckpt.unlink()
+        return None
+    return ckpt
+
+
+def _fit_in_process(path: Path, resume: Path | None = None) -> Any:
     def fit() -> None:
         from lit_rlft.cli.lightning_cli import grpo_cli
 
-        grpo_cli(["fit", "--config", str(path)])
+        grpo_cli(["fit", "--config", str(path), *(["--ckpt_path", str(resume)] if resume else [])])
 
     return fit
 
@@ -280,9 +299,10 @@ def collect(run: PlannedRun, rc: int | None, error: str | None, seconds: float) 
     if tb.exists():
         from lit_rlft.reporting import read_scalars
 
-        record["series"] = select_series(read_scalars(tb), run.info.get("selection_name"))
+        record["series"] = select_series(read_scalars(tb, latest=True), run.info.get("selection_name"))
     if rc == 0 and measured.get("finished"):
         record["status"] = "ok"
+        (run.run_dir / RESUME_CKPT).unlink(missing_ok=True)  # finished: nothing to resume
     else:
         record["status"] = "failed"
         record["error"] = error or (f"exit code {rc}" if rc else "the run ended before its last measurement")

@@ -14,7 +14,7 @@ from lit_rlft.study import StudySettings, run_study
 from lit_rlft.study import study as study_module
 from tests.conftest import TINY_SMALL
 
-REWARD = "tests.study.rewards.contains_one"
+REWARD = "tests.study.helpers.contains_one"
 
 
 def tiny_run_config(tmp_path: Path, **data) -> Path:
@@ -199,3 +199,32 @@ def test_a_config_that_does_not_build_names_the_key(tmp_path, capsys):
     path.write_text(yaml.safe_dump(cfg))
     err = _study_error(capsys, ["--config", str(path), "--out", str(tmp_path / "out")])
     assert err.startswith("lit-rlft study: error: the run config does not build:") and "num_generatoins" in err
+
+
+def test_a_run_killed_mid_way_resumes_from_its_last_mark_and_measures_what_the_whole_run_measures(tmp_path):
+    """A checkpoint after every evaluation but the last: the killed run goes on from its last mark (selection state,
+    plan, curve and clocks restored) and ends with the uninterrupted run's measurements."""
+    flag = tmp_path / "kill"
+    cfg = yaml.safe_load(tiny_run_config(tmp_path).read_text())
+    cfg["trainer"]["callbacks"].append({"class_path": "tests.study.helpers.CrashAt",
+                                        "init_args": {"step": 3, "flag": str(flag)}})
+    path = tmp_path / "crash.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    kw = dict(strategies=["mopps"], baseline="mopps", completions=64, eval_every=16, train_subset=0)
+    whole = run_study(settings(tmp_path, out=str(tmp_path / "whole"), **kw), progress=False)["runs"][0]
+    flag.touch()
+    s = settings(tmp_path, configs=[str(path)], **kw)
+    killed = run_study(s, progress=False)["runs"][0]
+    run_dir = Path(s.out) / "arms" / "mopps-seed0"
+    assert killed["status"] == "failed" and "killed" in killed["error"] + killed["log_tail"]
+    assert [p["completions"] for p in killed["curve"]] == [0, 16, 32] and (run_dir / "resume.ckpt").exists()
+    flag.unlink()
+    resumed = run_study(s, progress=False)["runs"][0]
+    assert resumed["status"] == "ok" and resumed["resumed_from"] == str(run_dir / "resume.ckpt")
+    keys = ("step", "completions", "val/accuracy", "val/pass@1", "val/accuracy/difficulty_3")
+    assert [{k: p[k] for k in keys} for p in resumed["curve"]] == [{k: p[k] for k in keys} for p in whole["curve"]]
+    assert [x["zero_spread_completions"] for x in resumed["step_log"]] == \
+        [x["zero_spread_completions"] for x in whole["step_log"]]
+    assert resumed["series"]["reward"] == whole["series"]["reward"]  # the same batches, chosen by the same MoPPS
+    assert resumed["curve"][2]["wall_s"] == killed["curve"][2]["wall_s"]  # the clock went on from the checkpoint
+    assert not (run_dir / "resume.ckpt").exists()  # finished: deleted

@@ -94,7 +94,7 @@ def test_pooled_groups_weight_each_difficulty_by_its_prompts():
 def test_an_evaluation_does_not_depend_on_the_step_it_runs_at_and_leaves_training_random_state():
     from lit_rlft.step.builder import build_step
 
-    step = build_step(tiny_config(reward_funcs=["tests.study.rewards.contains_one"]))
+    step = build_step(tiny_config(reward_funcs=["tests.study.helpers.contains_one"]))
     data = countdown_dm(val=True)
     data.setup("fit")
     step.bind(data)

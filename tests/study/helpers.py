@@ -1,0 +1,25 @@
+"""What the study's tests plug into a run config: a reward an untrained tiny policy earns about half the time (so that
+curves move), and a callback that kills a run at a given step (so that resume can be tested)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+
+
+def contains_one(completions: list[str], **columns: Any) -> list[float]:
+    """1 when the completion contains the character ``1``, else 0."""
+    return [1.0 if "1" in c else 0.0 for c in completions]
+
+
+class CrashAt(L.Callback):
+    """Raise after rollout step ``step`` has run, while the file ``flag`` exists: a run killed mid-way."""
+
+    def __init__(self, step: int, flag: str):
+        self.step, self.flag = step, flag
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if pl_module.grpo.rollout_step == self.step and Path(self.flag).exists():
+            raise RuntimeError("killed (tests.study.helpers.CrashAt)")
