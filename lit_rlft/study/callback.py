@@ -104,6 +104,8 @@ class StudyCallback(L.Callback):
         wasted, fresh = zero_spread_completions(output.record)
         self.steps.append({"step": int(output.step), "completions": int(step.budget.completions), "step_s": seconds,
                            "zero_spread_completions": wasted, "fresh_completions": fresh})
+        if trainer.is_global_zero:  # the study's progress bar reads it while the run goes on
+            write_json(Path(self.out).with_name("progress.json"), {"completions": int(step.budget.completions)})
         crossed = False
         while self._next < len(self.marks) and step.budget.completions >= self.marks[self._next]:
             self._next, crossed = self._next + 1, True

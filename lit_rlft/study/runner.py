@@ -51,6 +51,8 @@ class PlannedRun:
     in_process: Callable[[], None]
     collect: Callable[[PlannedRun, int | None, str | None, float], dict[str, Any]]
     info: dict[str, Any] = field(default_factory=dict)
+    progress: Callable[[], float] = lambda: 0.0
+    """How far the run is, in [0, 1] (read from its files while it runs: the progress bar's fractions)."""
 
     @property
     def log_path(self) -> Path:
@@ -164,19 +166,44 @@ def execute(runs: list[PlannedRun], jobs: int, threads: int, is_finished: Callab
 
     todo = [r for r in runs if not is_finished(r)]
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), desc="study runs", unit="run", disable=not progress,
-               dynamic_ncols=True)
+               dynamic_ncols=True, bar_format="{l_bar}{bar}| {n:.1f}/{total} runs [{elapsed}<{remaining}{postfix}]")
     failed: list[str] = []
+    ended = len(runs) - len(todo)
+    running: set[str] = set()
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def show() -> None:
+        """The bar at finished runs plus the fractions of those running (their own progress files)."""
+        with lock:
+            fractions = sum(min(1.0, max(0.0, r.progress())) for r in todo if r.name in running)
+            bar.n = ended + fractions
+            bar.refresh()
+
+    def monitor() -> None:
+        while not stop.wait(5.0):
+            show()
 
     def done(run: PlannedRun, record: dict[str, Any]) -> None:
+        nonlocal ended
         write(run, record)
         if record.get("status") != "ok":
             failed.append(run.name)
+        with lock:
+            running.discard(run.name)
+            ended += 1
         bar.set_postfix_str(f"last {run.name} {record.get('status')} {record.get('total_s', 0):.0f}s"
                             + (f", {len(failed)} failed" if failed else ""))
-        bar.update(1)
+        show()
+
+    watcher = threading.Thread(target=monitor, daemon=True)
+    if progress:
+        watcher.start()
 
     if jobs == 0:
         for run in todo:
+            with lock:
+                running.add(run.name)
             done(run, _in_process_run(run))
     else:
         processes = RunProcesses()
@@ -187,6 +214,8 @@ def execute(runs: list[PlannedRun], jobs: int, threads: int, is_finished: Callab
             if lead is not None and run.name != lead:  # the start evaluation is measured once, by the first run
                 while not first_done.is_set() and not start_file.exists() and not processes.stopped:
                     time.sleep(0.5)
+            with lock:
+                running.add(run.name)
             try:
                 return _subprocess_run(run, threads, timeout_s, processes)
             finally:
@@ -202,6 +231,9 @@ def execute(runs: list[PlannedRun], jobs: int, threads: int, is_finished: Callab
                 pool.shutdown(wait=False, cancel_futures=True)
                 processes.kill_all()
                 raise
+            finally:
+                stop.set()
+    stop.set()
     bar.close()
     return {"executed": len(todo), "reused": len(runs) - len(todo), "failed": failed}
 

@@ -243,8 +243,17 @@ def plan(settings: StudySettings, checked: Checked) -> list[PlannedRun]:
             write_json(run_dir / RESUME_KEY, {"fingerprint": key})
         runs.append(PlannedRun(name=name, arm=label, seed=seed, run_dir=run_dir,
                                record_path=out / "runs" / f"{name}.json", fingerprint=key, command=command,
-                               in_process=in_process, collect=collect, info=info))
+                               in_process=in_process, collect=collect, info=info,
+                               progress=_progress(run_dir / "progress.json", settings.completions)))
     return runs
+
+
+def _progress(path: Path, budget: int) -> Any:
+    """How far a running run is: the completions of its last step (``progress.json``) over the budget."""
+    def fraction() -> float:
+        return ((read_json(path) or {}).get("completions") or 0) / budget
+
+    return fraction
 
 
 def resumable(run_dir: Path, key: str) -> Path | None:
