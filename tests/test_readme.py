@@ -93,3 +93,21 @@ def test_the_rewards_yaml_parses_as_an_overlay(tmp_path: Path) -> None:
                      "class_path: lit_rlft.rewards.OpenAIJudge", "class_path: lit_rlft.rewards.RemoteReward",
                      "protocol: openrlhf"):
         assert expected in out, out[-3000:]
+
+
+def test_the_study_quick_start_runs(tmp_path):
+    """The README's `run_study` block, on the tiny policy's config (tests/study) with a budget of 48 completions."""
+    from tests.study.test_study import tiny_run_config
+
+    code = _block("study")
+    for old in ('configs=["configs/gsm8k_smollm2_study.yaml"]', "seeds=[0, 1, 2]", "completions=3072",
+                "eval_every=768", "jobs=2"):
+        assert old in code, old
+    config = tiny_run_config(tmp_path)
+    code = (code.replace('configs=["configs/gsm8k_smollm2_study.yaml"]', f'configs=["{config}"]')
+            .replace("seeds=[0, 1, 2]", "seeds=[0]").replace("completions=3072", "completions=48")
+            .replace("eval_every=768", "eval_every=24").replace("jobs=2", "jobs=1"))
+    (tmp_path / "study.py").write_text(code)
+    out = _run([sys.executable, "study.py"], tmp_path)
+    assert "'mean':" in out and "'status':" in out
+    assert (tmp_path / "runs" / "study" / "report.md").exists()
