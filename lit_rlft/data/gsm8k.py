@@ -1,5 +1,6 @@
 """GSM8KTask: GSM8K rows (a file, a directory or a hub name) with a ``difficulty`` column, the number of calculation
-steps of each gold solution, and the subset a run trains or evaluates on.
+steps of each gold solution, a ``solution`` column (the worked solution without its calculator annotations: what a
+supervised warm start learns), and the subset a run trains or evaluates on.
 
     data:
       train:
@@ -23,7 +24,7 @@ import re
 from lit_rlft.data.sources import DataValidationError, Record, load_records
 from lit_rlft.data.tasks import Task
 
-__all__ = ["GSM8KTask", "calculation_steps"]
+__all__ = ["GSM8KTask", "calculation_steps", "plain_solution"]
 
 _ANNOTATION = re.compile(r"<<[^<>]*>>")
 
@@ -35,6 +36,15 @@ def calculation_steps(solution: str) -> int:
     2
     """
     return max(1, len(_ANNOTATION.findall(str(solution))))
+
+
+def plain_solution(solution: str) -> str:
+    """A GSM8K worked solution without its calculator annotations.
+
+    >>> plain_solution("48/2 = <<48/2=24>>24 clips.\n#### 24")
+    '48/2 = 24 clips.\n#### 24'
+    """
+    return _ANNOTATION.sub("", str(solution))
 
 
 class GSM8KTask(Task):
@@ -68,7 +78,8 @@ class GSM8KTask(Task):
                                           f"{', '.join(r.data)})")
             steps = calculation_steps(r.data[self.answer_field])
             if steps >= self.min_steps and (self.max_steps is None or steps <= self.max_steps):
-                kept.append(Record({**r.data, "difficulty": steps}, r.origin))
+                kept.append(Record({**r.data, "difficulty": steps,
+                                    "solution": plain_solution(r.data[self.answer_field])}, r.origin))
         if not kept:
             raise DataValidationError(f"{self.source}: no problem with {self.min_steps} to {self.max_steps} "
                                       "calculation steps")

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 from lit_rlft.data.pool import build_pool
 from lit_rlft.data.sources import load_records
 from lit_rlft.data.tasks import Task
+from lit_rlft.data.templates import render_prompt
 from lit_rlft.lightning.progress import rollout_progress_bar
 from lit_rlft.models.loading import LoRAConfig, apply_lora, load_policy
 from lit_rlft.models.tiny import TinyConfig
@@ -45,6 +46,14 @@ class SFTDataModule(L.LightningDataModule):
         split: split name for directories and hub names.
         batch_size: pairs per optimizer step.
         seed: shuffling seed.
+        template: a ``str.format`` template over a row's fields building the prompt (as ``PromptDataModule``'s).
+        chat_template: render prompts with the tokenizer's chat template, as GRPO's ``data.chat_template`` does (the
+            target is then the assistant's reply, ended by the tokenizer's EOS).
+        system_prompt: system message (chat template) or first line (plain prompts).
+        prompt_prefix: text before the prompt (plain prompts only).
+        prompt_suffix: text after the prompt (plain prompts only).
+
+    Give the GRPO config's rendering options here too, so that the warm start learns the prompts GRPO will show.
     """
 
     def __init__(
@@ -55,19 +64,31 @@ class SFTDataModule(L.LightningDataModule):
         split: str = "train",
         batch_size: int = 128,
         seed: int = 0,
+        template: str | None = None,
+        chat_template: bool = False,
+        system_prompt: str | None = None,
+        prompt_prefix: str = "",
+        prompt_suffix: str = "",
     ):
         super().__init__()
         self.source, self.split = train, split
-        self.prompt_field, self.target_field = prompt_field, target_field
+        self.prompt_field, self.target_field, self.template = prompt_field, target_field, template
         self.batch_size, self.seed = batch_size, seed
+        self.render = dict(chat_template=chat_template, system_prompt=system_prompt, prefix=prompt_prefix,
+                           suffix=prompt_suffix)
         self.dataset: _Pairs | None = None
 
     def setup(self, stage: str | None = None) -> None:
         if self.dataset is not None:
             return
         records = self.source.records() if isinstance(self.source, Task) else load_records(self.source, self.split)
-        pool = build_pool(records, prompt_field=self.prompt_field, answer_field=None, columns=[self.target_field])
+        pool = build_pool(records, prompt_field=self.prompt_field, answer_field=None, columns=[self.target_field],
+                          template=self.template)
         self.dataset = _Pairs(pool.prompts, [str(t) for t in pool.columns[self.target_field]])
+
+    def rendered(self, prompts: list[str], tokenizer: Any) -> list[str]:
+        """The prompts as the policy sees them (``render_prompt`` with this module's options)."""
+        return [render_prompt(p, tokenizer, **self.render) for p in prompts]
 
     def train_dataloader(self) -> DataLoader:
         gen = torch.Generator().manual_seed(self.seed)
@@ -114,6 +135,9 @@ class SFTModule(L.LightningModule):
 
     def _encode(self, prompts: list[str], targets: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         tok = self.tokenizer
+        data = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        if isinstance(data, SFTDataModule):
+            prompts = data.rendered(prompts, tok)
         rows, labels = [], []
         for p, t in zip(prompts, targets):
             p_ids = tok(p, add_special_tokens=False)["input_ids"]
