@@ -67,12 +67,63 @@ def time_to_trl_lines(path: Path) -> list[str]:
             f"`{path.relative_to(REPO)}`):", "", *result_table(result).splitlines()]
 
 
+#: Studies of the product (``lit-rlft study``) recorded for the pages, by block name (:func:`record`).
+PRODUCT_STUDIES = {"gsm8k-smollm2": REPO / "docs" / "results" / "gsm8k_smollm2_study.json"}
+#: Per-step series a recorded product study keeps (the rest of each run's TensorBoard stays in its run folder).
+RECORDED_SERIES = ("reward", "frac_reward_zero_std", "completions/mean_length", "completions/clipped_ratio",
+                   "time/step_s", "time/generation_s", "budget/completions")
+
+
+def record(study_json: Path, dest: Path, command: str) -> Path:
+    """Record a finished ``lit-rlft study`` (``<out>/study.json``) for the pages: its settings, base config,
+    environment, ``command`` and runs (curves, per-step logs, budgets, callbacks, environments and a few series);
+    the summaries are recomputed from the runs whenever the pages are generated."""
+    study = read_json(study_json)
+    if study is None or "settings" not in study or "runs" not in study:
+        raise FileNotFoundError(f"{study_json}: not a finished lit-rlft study's study.json")
+    runs = [{**{k: v for k, v in r.items() if k not in ("series", "log_tail")},
+             "series": {t: v for t, v in (r.get("series") or {}).items() if t in RECORDED_SERIES}}
+            for r in study["runs"]]
+    keep = ("settings", "configs", "base_config", "dropped_callbacks", "marks", "step_completions", "threads",
+            "timings", "environment")
+    from lit_rlft.study.jsonio import write_json
+
+    return write_json(dest, {**{k: study.get(k) for k in keep}, "command": command, "runs": runs})
+
+
+def product_study_lines(path: Path) -> list[str]:
+    """A recorded product study: its command, the verdicts and the outcomes table, recomputed from its runs with the
+    product's code (:func:`lit_rlft.study.study.summarise_study`)."""
+    from lit_rlft.study.report import main_rows, verdicts
+    from lit_rlft.study.settings import StudySettings
+    from lit_rlft.study.study import summarise_study
+
+    recorded = read_json(path)
+    if recorded is None:
+        raise FileNotFoundError(f"{path}: missing or unreadable")
+    settings = StudySettings.from_dict(recorded["settings"])
+    summary = summarise_study(settings, recorded["runs"])
+    arms = settings.arm_names
+    env = recorded.get("environment") or {}
+    packages = env.get("packages") or {}
+    versions = ", ".join(f"{k} {packages[k]}" for k in ("torch", "transformers", "lightning") if packages.get(k))
+    target = summary["targets"].get("accuracy")
+    lines = [f"`{recorded['command']}` (`{path.relative_to(REPO)}`; {env.get('cpu', '?')}, {versions}; "
+             f"{recorded.get('timings', {}).get('runs_total_s', 0) / 3600:.1f} h of runs):", ""]
+    if target is not None:
+        lines += [f"Target: {summary['baseline']}'s final held-out accuracy, {target:.3f}.", ""]
+    return [*lines, *verdicts(summary, arms, settings.confidence), "", *main_rows(summary, arms)]
+
+
 def extra_blocks() -> dict[str, Callable[[], list[str]]]:
     """Blocks built from their own records, not from ``docs/results/study.json``: the saving against passes and
-    by policy size (:mod:`benchmarks.study.passes`) and the time-to-TRL tables (:data:`TIME_TO_TRL`)."""
+    by policy size (:mod:`benchmarks.study.passes`), the time-to-TRL tables (:data:`TIME_TO_TRL`) and the product
+    studies (:data:`PRODUCT_STUDIES`)."""
     out: dict[str, Callable[[], list[str]]] = {"saving-vs-passes": passes_block, "policy-size": policy_lines}
     for name, path in TIME_TO_TRL.items():
         out[name] = lambda p=path: time_to_trl_lines(p)
+    for name, path in PRODUCT_STUDIES.items():
+        out[name] = lambda p=path: product_study_lines(p)
     return out
 
 
@@ -150,7 +201,16 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--check", action="store_true", help="only say what is out of date (exit 1 if anything is)")
     p.add_argument("--study", type=Path, default=STUDY_JSON, help=f"recorded study (default {STUDY_JSON})")
+    p.add_argument("--record", nargs=2, metavar=("STUDY_JSON", "NAME"),
+                   help=f"record a finished lit-rlft study as the pages' block NAME ({', '.join(PRODUCT_STUDIES)}), "
+                        "with --command, then regenerate")
+    p.add_argument("--command", help="the command that made the recorded study (with --record)")
     a = p.parse_args(argv)
+    if a.record:
+        source, name = a.record
+        if name not in PRODUCT_STUDIES or not a.command:
+            p.error(f"--record STUDY_JSON NAME needs NAME in {', '.join(PRODUCT_STUDIES)} and --command")
+        print(f"recorded {record(Path(source), PRODUCT_STUDIES[name], a.command)}")
     if not a.check:
         write(a.study)
     problems = check(a.study)

@@ -92,10 +92,10 @@ def _instantiate(config: dict[str, Any]) -> Any:
             raise StudyError(f"the run config does not build: {e}") from None
 
 
-def _check_rewards(module: Any, data: Any) -> None:
-    """Each rule reward function scores the first held-out rows (their own answer as the completion, or an empty
-    one): an error, or no score for any row, means it cannot score the held-out data."""
-    scorer = module.grpo.rewards
+def _check_rewards(scorer: Any, data: Any) -> None:
+    """Each rule reward function of ``scorer`` (a ``RewardRunner``) scores the first held-out rows (their own answer
+    as the completion, or an empty one): an error, or no score for any row, means it cannot score the held-out
+    data."""
     funcs, names = getattr(scorer, "funcs", None), getattr(scorer, "names", None)
     if funcs is None:
         return
@@ -116,6 +116,16 @@ def _check_rewards(module: Any, data: Any) -> None:
                              f"data.val (columns {sorted(columns)}): check data.answer_field and the val file")
 
 
+def _eval_scorer(settings: StudySettings) -> Any:
+    """The evaluation's own reward runner (``--eval-reward``), or an error naming the reward that does not resolve."""
+    from lit_rlft.rewards.runner import RewardRunner
+
+    try:
+        return RewardRunner(list(settings.eval_reward))
+    except (ImportError, ValueError, AttributeError) as e:
+        raise StudyError(f"--eval-reward: {e}") from None
+
+
 def check(settings: StudySettings) -> Checked:
     """Everything that can be checked before a run starts; raises :class:`StudyError` naming what to change."""
     if not settings.seeds:
@@ -128,6 +138,9 @@ def check(settings: StudySettings) -> Checked:
                          f"{available}")
     if settings.threads is not None and settings.threads < 1:
         raise StudyError(f"--threads {settings.threads}: give at least 1")
+    if settings.threads is not None and max(1, settings.jobs) * settings.threads > available:
+        print(f"lit-rlft study: warning: {max(1, settings.jobs)} run(s) x {settings.threads} threads on {available} "
+              "cores: the runs compete for them, and their training times say so")
     if settings.eval_every is not None and not 0 < settings.eval_every <= settings.completions:
         raise StudyError(f"--eval-every {settings.eval_every}: give a number of completions between 1 and the budget "
                          f"({settings.completions})")
@@ -159,7 +172,7 @@ def check(settings: StudySettings) -> Checked:
         if data.val_pool is None:
             raise StudyError(f"the run config ({', '.join(settings.configs)}) has no held-out data: the study measures "
                              "held-out accuracy on data.val (give data.val, e.g. a test.jsonl, and data.val_size)")
-        _check_rewards(module, data)
+        _check_rewards(module.grpo.rewards if not settings.eval_reward else _eval_scorer(settings), data)
         step_completions = data.batch_size * module.grpo.generation.num_generations
         if settings.completions < step_completions:
             raise StudyError(f"--completions {settings.completions} is less than one step: data.batch_size "

@@ -131,3 +131,30 @@ def test_cli_help_states_the_config_defaults(monkeypatch):
 
     monkeypatch.setattr(bench_cli, "StudyConfig", Other)
     assert {a.dest: a.help for a in bench_cli.parser()._actions}["sweep_seeds"].endswith("(default 5)")
+
+
+# -- a product study recorded for the pages -------------------------------------------------------------------------
+def test_a_recorded_product_study_renders_from_its_runs_and_a_hand_edited_digit_fails_the_check(tmp_path, monkeypatch):
+    from lit_rlft.study import run_study
+    from tests.study.test_study import settings
+
+    s = settings(tmp_path, train_subset=0)
+    run_study(s, progress=False)
+    dest = tmp_path / "recorded.json"
+    monkeypatch.setattr(docs, "REPO", tmp_path)  # paths on the page are relative to the repository
+    docs.record(tmp_path / "study" / "study.json", dest, "lit-rlft study --config run.yaml")
+    recorded = json.loads(dest.read_text())
+    assert set(recorded["runs"][0]["series"]) <= set(docs.RECORDED_SERIES) and "log_tail" not in recorded["runs"][0]
+    lines = docs.product_study_lines(dest)
+    assert lines[0].startswith("`lit-rlft study --config run.yaml` (`recorded.json`;")
+    final = {r["strategy"]: r["curve"][-1]["val/accuracy"] for r in recorded["runs"]}
+    row = next(line for line in lines if line.startswith("| mopps |"))
+    assert f"{final['mopps']:.3f}" in row and f"{final['mopps'] - final['uniform']:+.3f}" in row
+    page = tmp_path / "page.md"
+    page.write_text("intro\n<!-- generated:gsm8k-smollm2 -->\nold\n<!-- /generated:gsm8k-smollm2 -->\n")
+    monkeypatch.setattr(docs, "PRODUCT_STUDIES", {"gsm8k-smollm2": dest})
+    assert docs.render(page.read_text(), docs.extra_blocks()).count(row) == 1
+    page.write_text(docs.render(page.read_text(), docs.extra_blocks()))
+    assert docs.render(page.read_text(), docs.extra_blocks()) == page.read_text()  # up to date
+    edited = page.read_text().replace(f"{final['mopps']:.3f}", f"{final['mopps'] + 0.1:.3f}", 1)
+    assert docs.render(edited, docs.extra_blocks()) != edited  # the check sees a hand-edited digit
