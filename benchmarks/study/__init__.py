@@ -9,12 +9,15 @@
 its strategy gets now is reused, anything else is run again; ``study.json``, ``results.md`` and the plots are
 always rebuilt from all run files.
 
-Modules, one concept each: :mod:`~benchmarks.study.config` (``StudyConfig``, ``RunSpec``), ``tasks`` (pool, held-out
-set, fixed training subset), ``strategies`` (callbacks per strategy), ``rollouts`` / ``evaluation`` (measurement
-rollouts, ``EvalCallback``), ``degeneracy``, ``warm_start``, ``run_one`` (one run, also ``python -m``), ``runner``
-(subprocesses, resume, tqdm), ``stats`` / ``derived`` (targets, censored crossings, intervals, the DPS paper's
-completions-to-a-baseline's-final-accuracy), ``report`` (results.md), ``plots``, ``study`` (end to end), ``cli``,
-``docs`` (the generated parts of ``docs/results.md``).
+The study is one config of the product (``lit-rlft study``, :mod:`lit_rlft.study`): each pool size is a study of
+the product on the run config :meth:`StudyConfig.run_config` writes (``<out>/pool<N>/run.yaml``: the Countdown pool
+and held-out set, the warm start, ``configs/countdown_tiny.yaml``'s GRPO), with the strategies, seeds, budget, marks
+and evaluation of :meth:`StudyConfig.study_settings`; the runs, the evaluator, resume, the statistics and the
+summaries are the product's. What is the Countdown study's own is here: :mod:`~benchmarks.study.config`
+(``StudyConfig``, ``RunSpec``, the targets and comparisons), ``tasks`` (pool, held-out set), ``warm_start``,
+``degeneracy`` and ``rollouts`` (each pool's degenerate groups under the warm start), ``study`` (end to end),
+``report`` (results.md), ``cli``, ``recorded`` (a recorded study read back), ``passes`` and ``docs`` (the generated
+parts of ``docs/results.md`` and the README).
 
 Design of the full study (``StudyConfig()`` defaults)
 ----------------------------------------------------

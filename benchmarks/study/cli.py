@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import time
 from pathlib import Path
 
 from benchmarks.study.config import SKEWED_POOL, StudyConfig
 from benchmarks.study.report import degeneracy_lines
+from lit_rlft.study.cli import key_value
 from lit_rlft.study.jsonio import write_json
 
 
@@ -18,17 +18,8 @@ def _ints(text: str) -> list[int]:
 
 
 def _setting(text: str) -> tuple[str, object]:
-    """``KEY=VALUE`` for ``--set``: VALUE is read as JSON (``16``, ``0.3``, ``[2,3]``, ``true``), else as text."""
-    key, sep, value = text.partition("=")
-    fields = {f.name for f in dataclasses.fields(StudyConfig)}
-    if not sep or key.strip() not in fields:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE with KEY a StudyConfig field ({', '.join(sorted(fields))}), "
-                                         f"got {text!r}")
-    try:
-        parsed: object = json.loads(value)
-    except json.JSONDecodeError:
-        parsed = value
-    return key.strip(), parsed
+    """``KEY=VALUE`` for ``--set``: KEY a StudyConfig field, VALUE read as JSON, else as text."""
+    return key_value(text, _FIELDS, "a StudyConfig field")
 
 
 #: Output folders when ``--out`` is not given.

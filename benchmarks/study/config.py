@@ -33,7 +33,7 @@ SWEEP_STRATEGIES: tuple[str, ...] = ("uniform", "dynamic_sampling", "dps", "dps_
 
 
 @dataclass
-class StudyConfig:
+class StudyConfig(StrategySettings):
     """Everything that defines a study. Runs differ only in (strategy, pool size, seed).
 
     Pools and seeds: the first entry of ``pool_sizes`` is the main comparison (every strategy, every seed in
@@ -109,38 +109,7 @@ class StudyConfig:
     budget_completions: int = 38_400
     num_evals: int = 6
     max_steps_factor: int = 10
-    # -- strategies ------------------------------------------------------------------------------------------
-    dps_decay: float = 0.5
-    dps_candidate_ratio: int = 8
-    # MoPPS as its reference code's Countdown scripts (recipe/ours/scripts/countdown/cd_verl_*_topk_noinit.sh:
-    # tasksampler.ts_ratio=8, tasksampler.bandit_decay_ratio=0.5); the callback's defaults (16, 1.0) are its MATH ones.
-    mopps_candidate_ratio: int = 8
-    mopps_decay: float = 0.5
-    greso_target: float = 0.25
-    dots_alpha: float = 0.5
-    dots_tau: float = 1e-3
-    reference_size: int = 32
-    update_every: int = 4
-    dots_online_steps: int = 20
-    replay_delta: float = 0.5
-    replay_capacity: int = 256
-    dynamic_max_rounds: int = 10
-    screening_generations: int = 2  # ScreeningCallback's initial_generations (of num_generations)
-    screening_max_rounds: int = 4
-    sequential_initial_generations: int = 2  # SequentialSamplingCallback: a first round of 2, then rounds of 2
-    sequential_round_generations: int = 2
-    sequential_max_generations: int = 8  # at most uniform's G per prompt
-    allocation_min_generations: int = 2  # AllocationCallback: 2 to 16 per prompt, in steps of 2
-    allocation_max_generations: int = 16
-    allocation_budget_ratio: float = 1.0  # at most uniform's B x G per step
-    allocation_granularity: int = 2
-    allocation_min_gain: float = 0.01
-    broad_dots_tau: float = 100.0  # allocation_dots_broad: DOTS' selection temperature, so high its choice is uniform
-    # dps_c8_handback: the batch handed back to uniform sampling from 2 to 4 passes over the pool (where the
-    # selectors' early lead over uniform ended in the pool-1,000 and pool-200 studies)
-    handback_start_passes: float = 2.0
-    handback_end_passes: float = 4.0
-    content_prior_reference_size: int = 256  # dps_content_prior: the last 256 observed prompts (8 steps of B=32)
+    # -- strategies: the fields of lit_rlft.study.StrategySettings (inherited, with the product's defaults) ----
     # -- execution and statistics ----------------------------------------------------------------------------
     jobs: int = 2
     threads: int = 1

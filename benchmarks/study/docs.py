@@ -12,7 +12,7 @@ every run recorded) with the study's own code (:mod:`lit_rlft.study.summary`, :m
 
 The check also requires that every run recorded the callback settings the study passes now
 (:func:`~lit_rlft.study.strategies.strategy_settings` of the recorded configuration, defaults read from the
-callbacks' signatures): changing a callback's default, or a setting in ``strategies.py``, without re-running the
+callbacks' signatures): changing a callback's default, or a setting in ``lit_rlft/study/strategies.py``, without re-running the
 affected runs and regenerating the page fails it.
 """
 

@@ -34,18 +34,22 @@ def _names(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
-def _setting(text: str) -> tuple[str, Any]:
-    """``KEY=VALUE`` for ``--set``: KEY a strategy setting, VALUE read as JSON (``16``, ``0.3``), else as text."""
+def key_value(text: str, names: set[str] | frozenset[str], what: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` with KEY one of ``names`` (``what`` they are, for the error); VALUE read as JSON (``16``, ``0.3``,
+    ``[2,3]``, ``true``), else as text."""
     key, sep, value = text.partition("=")
-    names = {f.name for f in dataclasses.fields(StrategySettings)}
     if not sep or key.strip() not in names:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE with KEY a strategy setting ({', '.join(sorted(names))}), "
-                                         f"got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE with KEY {what} ({', '.join(sorted(names))}), got {text!r}")
     try:
         parsed: Any = json.loads(value)
     except json.JSONDecodeError:
         parsed = value
     return key.strip(), parsed
+
+
+def _setting(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` for ``--set``: KEY a strategy setting."""
+    return key_value(text, {f.name for f in dataclasses.fields(StrategySettings)}, "a strategy setting")
 
 
 def _group(text: str) -> tuple[str, list[Any]]:
