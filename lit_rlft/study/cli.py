@@ -64,6 +64,14 @@ def _group(text: str) -> tuple[str, list[Any]]:
     return name.strip(), out
 
 
+def _arm_seeds(text: str) -> tuple[str, int]:
+    """``ARM=N`` for ``--arm-seeds``."""
+    arm, sep, n = text.partition("=")
+    if not sep or not arm.strip() or not n.strip().isdigit() or int(n) < 1:
+        raise argparse.ArgumentTypeError(f"expected ARM=N with N >= 1 (the first N seeds), got {text!r}")
+    return arm.strip(), int(n)
+
+
 def parser() -> argparse.ArgumentParser:
     d = StudySettings(configs=[])
     p = argparse.ArgumentParser(
@@ -99,6 +107,9 @@ def parser() -> argparse.ArgumentParser:
                    help="score the evaluation with this reward instead of the config's (repeatable), e.g. the rule "
                         "while the config trains on a reward model")
     p.add_argument("--metric", default=d.metric, help=f"the held-out curve the report is about (default {d.metric})")
+    p.add_argument("--arm-seeds", type=_arm_seeds, action="append", default=[], metavar="ARM=N",
+                   help="run ARM on the first N seeds only (repeatable), e.g. more seeds for the arms that differ "
+                        "little and fewer for the rest")
     p.add_argument("--set", dest="settings", type=_setting, action="append", default=[], metavar="KEY=VALUE",
                    help="a shipped strategy's setting, repeatable, e.g. --set dps_decay=0.7")
     p.add_argument("--run-timeout", type=float, default=None, help="seconds after which a run is killed (default none)")
@@ -112,7 +123,7 @@ def settings_from_args(a: argparse.Namespace) -> StudySettings:
         configs=a.config, strategies=a.strategies, seeds=a.seeds, completions=a.completions, eval_every=a.eval_every,
         out=a.out, jobs=a.jobs, threads=a.threads, baseline=a.baseline, eval_seed=a.eval_seed,
         train_subset=a.train_subset, train_generations=a.train_generations, groups=dict(a.group),
-        eval_reward=a.eval_reward, metric=a.metric,
+        eval_reward=a.eval_reward, arm_seeds=dict(a.arm_seeds), metric=a.metric,
         strategy_settings=StrategySettings(**dict(a.settings)), run_timeout_s=a.run_timeout)
 
 
