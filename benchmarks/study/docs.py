@@ -94,7 +94,7 @@ def record(study_json: Path, dest: Path, command: str) -> Path:
 def product_study_lines(path: Path) -> list[str]:
     """A recorded product study: its command, the verdicts and the outcomes table, recomputed from its runs with the
     product's code (:func:`lit_rlft.study.study.summarise_study`)."""
-    from lit_rlft.study.report import main_rows, verdicts
+    from lit_rlft.study.report import held_out_rows, main_rows, verdicts
     from lit_rlft.study.settings import StudySettings
     from lit_rlft.study.study import summarise_study
 
@@ -112,7 +112,8 @@ def product_study_lines(path: Path) -> list[str]:
              f"{recorded.get('timings', {}).get('runs_total_s', 0) / 3600:.1f} h of runs):", ""]
     if target is not None:
         lines += [f"Target: {summary['baseline']}'s final held-out accuracy, {target:.3f}.", ""]
-    return [*lines, *verdicts(summary, arms, settings.confidence), "", *main_rows(summary, arms)]
+    return [*lines, *verdicts(summary, arms, settings.confidence), "", *main_rows(summary, arms), "",
+            *held_out_rows(summary, arms)]
 
 
 def extra_blocks() -> dict[str, Callable[[], list[str]]]:

@@ -242,6 +242,22 @@ def main_rows(summary: dict[str, Any], strategies: list[str]) -> list[str]:
                   "selection overhead", "steps", "training s"], rows)
 
 
+def held_out_rows(summary: dict[str, Any], strategies: list[str]) -> list[str]:
+    """Every held-out figure (rows) for every arm (columns): start -> final, means over seeds."""
+    t = summary["strategies"]
+    arms = [s for s in strategies if s in t and t[s]["n_ok"]]
+    keys = sorted({k for s in arms for k in t[s].get("held_out", {})})
+    rows = []
+    for k in keys:
+        cells = []
+        for s in arms:
+            f = t[s].get("held_out", {}).get(k)
+            cells.append(DASH if f is None or f["final"]["mean"] is None else
+                         f"{f['start']['mean']:.3f} -> {f['final']['mean']:.3f}")
+        rows.append([f"`{k}`", *cells])
+    return table(["held-out figure (start -> final, mean over seeds)", *arms], rows) if rows else []
+
+
 def _source(value: Any) -> str:
     """A data source as the config gives it: a path, or a task class with its arguments."""
     if isinstance(value, dict) and "class_path" in value:
@@ -308,6 +324,12 @@ def study_markdown(study: dict[str, Any], figures: list[str] | None = None) -> s
         lines += [f"## `{settings.metric}` minus {base}'s at each evaluation (paired)", "",
                   "Each curve interpolated linearly at the marks (in completions); bold: the interval excludes 0.", "",
                   *table(["arm", *[f"{m:,}" for m in summary["at_marks"]["marks"]]], at), ""]
+    held = held_out_rows(summary, arms)
+    if held:
+        lines += ["## Every held-out figure", "",
+                  "What the evaluations measured besides the target: pass@k, the mean reward (every reward function, "
+                  "weighted, so a format reward shows here), the accuracy per difficulty, the training-pool reward.",
+                  "", *held, ""]
     lines += ["## What each arm ran", "",
               "Every constructor argument of every callback, as the runs recorded it (file locations left out; a "
               "callback's `seed` is the run's seed). Each run's full config is `arms/<arm>-seed<s>/config.yaml`, "

@@ -99,6 +99,15 @@ def run_metrics(run: dict[str, Any], targets: dict[str, float | None],
     return out
 
 
+def held_out_figures(metrics: list[dict[str, Any]], confidence: float = 0.95) -> dict[str, dict[str, Any]]:
+    """Every held-out figure the runs measured (``val/...`` but the counts, and the training-pool reward), at the
+    start and at the end: ``{key: {"start": mean_interval, "final": mean_interval}}`` over the runs given."""
+    keys = sorted({k for m in metrics for k in m["final"] if (k.startswith("val/") and not k.startswith("val/n/"))
+                   or k.startswith("train_pool_reward")})
+    return {k: {"start": mean_interval([m["start"].get(k) for m in metrics], confidence),
+                "final": mean_interval([m["final"].get(k) for m in metrics], confidence)} for k in keys}
+
+
 def wasted_share(run: dict[str, Any]) -> float | None:
     """The share of all the run's completions (every purpose) that were generated in groups without reward spread
     (the study's per-step ``zero_spread_completions``); None for runs recorded without them."""
@@ -268,6 +277,7 @@ def summarise(runs: list[dict[str, Any]], strategies: list[str], confidence: flo
             "composition": _mean_composition(ms),
             "distinct_prompts": mi([m["distinct_prompts"] for m in ms]),
             "repeat_share": mi([m["repeat_share"] for m in ms]),
+            "held_out": held_out_figures(ms, confidence),
             "reached": {k: sum(1 for m in ms if m["reached"][k]["completions"] is not None) for k in keys},
             "crossing": {k: {m: [x["reached"][k][m] for x in ms] for m in MEASURES} for k in keys},
             "vs_baseline": {k: {m: ratio_summary(_paired(per_seed, s, baseline, k, m), confidence)
