@@ -18,7 +18,6 @@ Prints a table and writes every step's time to ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -139,9 +138,9 @@ def main(argv: list[str] | None = None) -> None:
     for d in a.depths:
         print(f"| {d} | {pooled[d]:.3f} | {1 / pooled[d]:.2f} | {base / pooled[d]:.2f}x |")
     print(f"\ngeneration share of the synchronous step: {share:.2f}")
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"args": vars(a), "pooled_median_step_s": pooled, "generation_share": share,
-                                       "runs": runs}, indent=1) + "\n")
+    from lit_rlft.study.jsonio import write_result
+
+    write_result(a.out, {"args": vars(a), "pooled_median_step_s": pooled, "generation_share": share, "runs": runs})
     print(f"wrote {a.out}")
 
 

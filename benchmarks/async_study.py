@@ -18,8 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
 KEY = "val/accuracy/learnable"
 
@@ -72,8 +77,9 @@ def main(argv: list[str] | None = None) -> None:
         print("  train wall s, depth 0: " + ", ".join(f"{x:.0f}" for x in wall0))
         print("  train wall s, depth 1: " + ", ".join(f"{x:.0f}" for x in wall1))
     if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(report, indent=1) + "\n")
+        from lit_rlft.study.jsonio import write_result
+
+        write_result(a.out, report)
 
 
 if __name__ == "__main__":

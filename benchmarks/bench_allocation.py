@@ -20,7 +20,6 @@ What each allocator does per step besides generating:
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from lit_rlft.core.types import OutcomeRecord, Rollouts
 from lit_rlft.selection import DPSSelector
 from lit_rlft.selection.allocation import allocate, point_spread
 from lit_rlft.selection.mopps import MoPPSSelector
+from lit_rlft.study.jsonio import write_result
 
 S, G, N_MIN, N_MAX, STEP = 100_000, 8, 2, 16, 2
 
@@ -182,8 +182,7 @@ if __name__ == "__main__":
     print("| operation | median | share of the tiny step |\n|---|---|---|")
     for name, seconds in rows:
         print(f"| {name} | {1e3 * seconds:.2f} ms | {100 * seconds / step_s:.2f}% |")
-    out = Path(__file__).parent / "results" / "allocation_overhead.json"
-    out.write_text(json.dumps({"command": "python -m benchmarks.bench_allocation", "tiny_step_s": step_s,
-                               "rows": [{"operation": n, "median_s": s, "share_of_tiny_step": s / step_s}
-                                        for n, s in rows]}, indent=2) + "\n")
+    out = write_result(Path(__file__).parent / "results" / "allocation_overhead.json",
+                       {"command": "python -m benchmarks.bench_allocation", "tiny_step_s": step_s,
+                        "rows": [{"operation": n, "median_s": s, "share_of_tiny_step": s / step_s} for n, s in rows]})
     print(f"wrote {out}")

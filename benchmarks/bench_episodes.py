@@ -33,8 +33,6 @@ calls; vLLM's prefix caching reuses it), plus one round trip to the environment'
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 import time
@@ -44,6 +42,7 @@ from typing import Any
 import torch
 
 from lit_rlft.envs.base import Environment, EnvStep
+from lit_rlft.study.jsonio import write_result
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -227,8 +226,8 @@ def main() -> None:
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     out = run(a.model, a.prompts, a.generations, a.turns, a.turn_tokens, a.repeats, a.engine, a.tools, a.update)
-    out.update(model=a.model, threads=a.threads, machine=platform.processor() or platform.machine(),
-               torch=torch.__version__, command=" ".join(["python -m benchmarks.bench_episodes", *sys.argv[1:]]))
+    out.update(model=a.model, threads=a.threads,
+               command=" ".join(["python -m benchmarks.bench_episodes", *sys.argv[1:]]))
     m = out["median"]
     print(f"{out['episodes']} episodes of {a.turns} turns x {a.turn_tokens} tokens ({out['observation_tokens']} "
           f"observation tokens between turns), prompts of {out['prompt_tokens_mean']:.0f} tokens, {a.model}, "
@@ -256,8 +255,7 @@ def main() -> None:
         print(f"one update over the episodes: per-row {u['per_row_s']:.2f} s, shared-prompt {u['shared_s']:.2f} s "
               f"({u['ratio']:.2f}x, median of the repeats' ratios); largest relative gradient difference "
               f"{u['largest_relative_gradient_difference']:.1e}")
-    path = RESULTS / f"episodes_{name}.json"
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    path = write_result(RESULTS / f"episodes_{name}.json", out)
     print(f"wrote {path}")
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
 import resource
 import statistics
@@ -168,8 +167,8 @@ def main() -> None:
         memory_child(a.model, a.memory_child)
         return
     torch.set_num_threads(a.threads)
-    result = {"model": a.model, "threads": a.threads, "machine": platform.processor() or platform.machine(),
-              "torch": torch.__version__, "command": " ".join(["python -m benchmarks.bench_reward_model", *sys.argv[1:]])}
+    result = {"model": a.model, "threads": a.threads,
+              "command": " ".join(["python -m benchmarks.bench_reward_model", *sys.argv[1:]])}
     result["speed"] = speed(a.model, a.budget, a.repeats)
     result["memory"] = memory(a.model, a.memory_budgets.split(","))
     s = result["speed"]
@@ -183,8 +182,9 @@ def main() -> None:
             else ""
         print(f"| {m['budget']}{extra} | {m['peak_growth_mb']:.1f} |")
     name = "tiny" if a.model == "tiny" else Path(a.model).name
-    out = RESULTS / f"reward_model_{name}.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    from lit_rlft.study.jsonio import write_result
+
+    out = write_result(RESULTS / f"reward_model_{name}.json", result)
     print(f"wrote {out}")
 
 

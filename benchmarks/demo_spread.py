@@ -13,7 +13,6 @@ thread as well as two, and prints the spread of every bucket's accuracy: the noi
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ if str(REPO) not in sys.path:
 
 from lit_rlft.cli import grpo_cli  # noqa: E402
 from lit_rlft.cli.demo import add_learnable  # noqa: E402
+from lit_rlft.study.jsonio import write_result  # noqa: E402
 
 BUCKETS = ("val/accuracy/difficulty_2", "val/accuracy/difficulty_3", "val/accuracy/difficulty_4",
            "val/accuracy/learnable", "val/accuracy")
@@ -65,8 +65,7 @@ def main() -> None:
             print(f"| {k.removeprefix('val/')} | {cells} | {spread[k]['sd']:.3f} | {runs['seed=0,threads=1'][k]:.3f} "
                   f"| {runs['seed=0,threads=2,again'][k]:.3f} |")
     if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(result, indent=1) + "\n")
+        write_result(a.out, result)
 
 
 if __name__ == "__main__":

@@ -157,9 +157,9 @@ def engines(a: argparse.Namespace, command: str) -> int:
         print(f"{name}: HF {med['hf']:,.0f} tokens/s, vLLM {med['vllm']:,.0f} tokens/s, ratio vLLM / HF "
               f"{med['vllm'] / med['hf']:.2f}; vLLM engine start {start_s:.1f} s", flush=True)
         vllm.llm = None
-    out = Path(a.out or REPO / "benchmarks" / "results" / "engine_throughput.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    from lit_rlft.study.jsonio import write_result
+
+    out = write_result(a.out or REPO / "benchmarks" / "results" / "engine_throughput.json", results)
     print(f"wrote {out}")
     return 0
 
@@ -198,6 +198,8 @@ def hf_chunks(a: argparse.Namespace, command: str) -> int:
     import torch
 
     from lit_rlft.rollout import HFEngine, SamplingConfig
+    from lit_rlft.study.environment import environment
+    from lit_rlft.study.jsonio import write_result
 
     torch.set_num_threads(a.threads)
     T = a.max_new_tokens
@@ -255,14 +257,15 @@ def hf_chunks(a: argparse.Namespace, command: str) -> int:
             "median_tokens_per_cpu_s": med_cpu,
             "cpu_ratio_to_one_call": {k: v / med_cpu["one_call"] for k, v in med_cpu.items()},
             "load_average_at_end": os.getloadavg(), "runs": runs,
+            "environment": environment(),  # each entry's own: the file gathers entries of several invocations
         }
         results["runs"][f"{name}/{a.prompt_source}"] = entry
         print(f"{name} ({a.prompt_source}): median tokens/s " + ", ".join(f"{k} {v:,.0f}" for k, v in med.items())
               + "; ratios to one call " + ", ".join(f"{k} {v:.2f}" for k, v in entry["ratio_to_one_call"].items())
               + " (per CPU-s: " + ", ".join(f"{k} {v:.2f}" for k, v in entry["cpu_ratio_to_one_call"].items())
               + ")", flush=True)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(results, indent=2) + "\n")
+    results.pop("environment", None)  # the file's: this invocation's (each entry keeps its own)
+    write_result(out_path, results)
     print(f"wrote {out_path}")
     return 0
 
@@ -332,9 +335,9 @@ def lora_sync(a: argparse.Namespace, command: str) -> int:
               f"log-prob differences {diffs}", flush=True)
         for engine in engines_.values():
             engine.llm = None
-    out_path = Path(a.out or REPO / "benchmarks" / "results" / "engine_lora_sync.json")
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(results, indent=2) + "\n")
+    from lit_rlft.study.jsonio import write_result
+
+    out_path = write_result(a.out or REPO / "benchmarks" / "results" / "engine_lora_sync.json", results)
     print(f"wrote {out_path}")
     return 0
 

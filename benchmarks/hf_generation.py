@@ -29,8 +29,6 @@ operators that take the most time (``torch.profiler``).
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 import time
@@ -46,6 +44,7 @@ if str(REPO) not in sys.path:
 from benchmarks.step_time_vs_trl import prompt_prefix  # noqa: E402
 from lit_rlft.models.tiny import TinyConfig, char_tokenizer, tiny_qwen2  # noqa: E402
 from lit_rlft.rollout import HFEngine, SamplingConfig  # noqa: E402
+from lit_rlft.study.jsonio import write_result  # noqa: E402
 
 
 class TransformersCache(HFEngine):
@@ -184,13 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "command": "python -m benchmarks.hf_generation " + " ".join(sys.argv[1:] if argv is None else argv),
         "config": {**vars(args), "mean_prompt_tokens": prompt_tokens, "n_parameters": n_params},
-        "environment": {"python": platform.python_version(), "torch": torch.__version__,
-                        "transformers": __import__("transformers").__version__},
         "arms": arms_out, "profiles": prof, "table_markdown": table,
     }
-    out_path = Path(args.out_dir) / f"hf_generation_{name}.json"
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(result, indent=2) + "\n")
+    out_path = write_result(Path(args.out_dir) / f"hf_generation_{name}.json", result)
     print(f"wrote {out_path}")
     return 0
 

@@ -269,9 +269,10 @@ def main(argv: list[str] | None = None) -> int:
         results[name]["wall_s"] = time.perf_counter() - t0
         results[name]["load_avg_after"] = os.getloadavg()
         print(name, json.dumps({k: v for k, v in results[name].items() if k != "raw"}, indent=1), flush=True)
-    out = Path(args.out or REPO / "benchmarks" / "results" / f"memory_throughput_{args.accelerator}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1) + "\n")
+    from lit_rlft.study.jsonio import write_result
+
+    out = write_result(args.out or REPO / "benchmarks" / "results" / f"memory_throughput_{args.accelerator}.json",
+                       results)
     print(f"wrote {out}")
     return 0
 

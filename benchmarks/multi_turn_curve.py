@@ -147,6 +147,8 @@ def main() -> None:
     p.add_argument("--replot", action="store_true",
                    help="re-plot the example's results file; adds the no-tool reference when missing (--base-model)")
     a = p.parse_args()
+    from lit_rlft.study.jsonio import write_result
+
     out = a.out or Path("runs") / f"{a.example}_curve"
     path = RESULTS / f"multi_turn_curve_{a.example}.json"
     if a.replot:
@@ -154,7 +156,7 @@ def main() -> None:
         if "base" in EXAMPLES[a.example] and "no_tool_reference" not in result:
             result["base_model"] = str(a.base_model or out / "base" / "model")
             result["no_tool_reference"] = no_tool_reference(Path(result["base_model"]))
-            path.write_text(json.dumps(result, indent=1) + "\n")
+            write_result(path, result)  # an environment recorded with the curve is kept
         print(f"wrote {plot(result, FIGURES / f'multi_turn_curve_{a.example}.png')}")
         return
     result = run(a.example, out, a.threads, a.sft_steps, a.grpo_steps, a.base_model)
@@ -162,7 +164,7 @@ def main() -> None:
     print(f"{a.example}: held-out accuracy {before:.3f} (warm start) -> {after:.3f} after {result['steps']} GRPO "
           f"steps, {result['budget']['completions']} episodes, {result['grpo_s']:.0f} s")
     if a.sft_steps is None and a.grpo_steps is None:
-        path.write_text(json.dumps(result, indent=1) + "\n")
+        write_result(path, result)
         print(f"wrote {path} and {plot(result, FIGURES / f'multi_turn_curve_{a.example}.png')}")
     else:
         print(f"smoke run: nothing written to the repository; the plot: {plot(result, out / 'curve.png')}")

@@ -10,7 +10,6 @@ held-out accuracy at the end. Writes ``benchmarks/results/replay_vs_fresh.json``
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from lit_rlft.reporting import read_scalars
+from lit_rlft.study.jsonio import write_result
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = {"grpo": [], "grpo + replay (delta 0.5)": ["--config", "configs/strategies/replay.yaml"]}
@@ -66,9 +66,8 @@ def main() -> None:
             raise SystemExit(f"{name} failed: see {args.out}")
     results = {name: _summary(args.out / ("replay" if extra else "grpo") / "tb" / "bench")
                for name, extra in VARIANTS.items()}
-    (REPO / "benchmarks" / "results").mkdir(exist_ok=True)
-    (REPO / "benchmarks" / "results" / "replay_vs_fresh.json").write_text(
-        json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=2))
+    write_result(REPO / "benchmarks" / "results" / "replay_vs_fresh.json",
+                 {"args": {k: str(v) for k, v in vars(args).items()}, "results": results})
     base, rep = results["grpo"], results["grpo + replay (delta 0.5)"]
     rows = ["| | step (s, median) | generation (s) | generation share | completions | held-out 3 / 4 numbers |",
             "|---|---|---|---|---|---|"]

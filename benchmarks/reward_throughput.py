@@ -116,14 +116,14 @@ def main(argv: list[str] | None = None) -> int:
         "batch": len(completions),
         "correct_share": sum(reference) / len(reference),
         "workers": isolated.pool.num_workers,
-        "cpu_count": os.cpu_count(),
         "median_s": {n: statistics.median(s) for n, s in seconds.items()},
         "ratio_to_whole_batch": {n: statistics.median(s) / base for n, s in seconds.items()},
         "rounds_s": seconds,
     }
     print(json.dumps({k: result[k] for k in ("batch", "workers", "median_s", "ratio_to_whole_batch")}, indent=1))
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    from lit_rlft.study.jsonio import write_result
+
+    write_result(a.out, result)
     return 0
 
 

@@ -28,7 +28,6 @@ Writes ``benchmarks/results/servers_<part>_<model>.json`` and prints a markdown 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -204,8 +203,9 @@ def main(argv: list[str] | None = None) -> None:
     result = sync(a) if a.part == "sync" else step(a)
     result["command"] = "python benchmarks/servers.py " + " ".join(argv if argv is not None else sys.argv[1:])
     name = a.part if a.part == "step" else f"sync_{Path(a.model).name}"
-    out = Path(a.out or REPO / "benchmarks" / "results" / f"servers_{name}.json")
-    out.write_text(json.dumps(result, indent=1))
+    from lit_rlft.study.jsonio import write_result
+
+    out = write_result(a.out or REPO / "benchmarks" / "results" / f"servers_{name}.json", result)
     print("\n| push / setup | median s | MiB | tensors |" if a.part == "sync" else "\n| setup | median step (s) |")
     print("|---|---|---|---|" if a.part == "sync" else "|---|---|")
     for k, v in result["summary"].items():

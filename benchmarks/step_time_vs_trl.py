@@ -43,7 +43,6 @@ import argparse
 import json
 import logging
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -436,12 +435,11 @@ def main(argv: list[str] | None = None) -> int:
     quiet()
     torch.set_num_threads(args.threads)
 
-    import lightning
     import transformers
-    import trl
 
     from lit_rlft.models.loading import load_tokenizer_for, resolve_model_path
     from lit_rlft.models.tiny import TinyConfig, save_tiny_policy
+    from lit_rlft.study.jsonio import write_result
 
     work = tempfile.mkdtemp(prefix="step_time_vs_trl_")
     if args.model == "tiny":
@@ -502,8 +500,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                                   else argv),
                   "side": side, "overall": overall[side], "n_parameters": n_params,
                   "rounds": [e[side]["summary"] for e in rounds]}
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        write_result(args.out, result)
         print(json.dumps(overall[side]))
         return 0
     lits = [side for side in args.order if side != "trl"]
@@ -561,11 +558,7 @@ def main(argv: list[str] | None = None) -> int:
             "prompt_prefix_tokens": args.prompt_prefix_tokens, "mean_prompt_tokens": prompt_tokens,
             "trl_optimizer": rounds[0]["trl"]["raw"]["optimizer"],
         },
-        "environment": {
-            "python": platform.python_version(), "torch": torch.__version__, "lightning": lightning.__version__,
-            "transformers": transformers.__version__, "trl": trl.__version__, "cpu_count": os.cpu_count(),
-            "load_avg_at_end": os.getloadavg(),
-        },
+        "load_avg_at_end": os.getloadavg(),
         "same_prompts": prompts_ok,
         "threads_seen": threads,
         "mean_completion_length": lengths,
@@ -576,9 +569,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": rounds,
         "table_markdown": table,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = write_result(args.out, result)
     print(f"wrote {out}")
     return 0
 

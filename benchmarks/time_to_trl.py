@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.study.warm_start import resolve_warm_start
     from lit_rlft.study import run_study
     from lit_rlft.study.compose import write_config
-    from lit_rlft.study.jsonio import write_json
+    from lit_rlft.study.jsonio import write_result
 
     args = parse_args(argv)
     cfg = config(args)
@@ -117,9 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     result = {"format": 2,
               "command": "python -m benchmarks.time_to_trl " + " ".join(sys.argv[1:] if argv is None else argv),
               "config": cfg.to_dict(), "pool_size": args.pool_size, "seeds": args.seeds, "recipes": args.recipe,
-              "warm_start": warm_start, "summary": study["summary"], "environment": study["environment"]}
+              "warm_start": warm_start, "summary": study["summary"],
+              "environment": study["environment"]}  # the study's, taken where its runs ran
     result["table_markdown"] = result_table(result)
-    write_json(out / "time_to_trl.json", result)
+    write_result(out / "time_to_trl.json", result)
     print(result["table_markdown"])
     return 0
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -33,6 +34,7 @@ import lightning as L  # noqa: E402
 import torch  # noqa: E402
 from lightning.pytorch.loggers import Logger  # noqa: E402
 
+from lit_rlft.study.jsonio import write_result  # noqa: E402
 from tests.distributed.helpers import digest  # noqa: E402
 
 TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 1, "num_key_value_heads": 1,
@@ -160,7 +162,7 @@ def compare_curves(before: dict[str, Any], after: dict[str, Any], rtol: float, a
             continue
         for (step, a), (_, b) in zip(rows_a, rows_b):
             for key in a.keys() & b.keys():
-                x, y = a[key], b[key]
+                x, y = (math.nan if v is None else v for v in (a[key], b[key]))  # NaN is written as null
                 if x != x and y != y:  # both NaN
                     continue
                 n += 1
@@ -212,8 +214,7 @@ def main() -> None:
     for name, fp in result.items():
         print(name, {k: v for k, v in fp.items() if k != "curves"})
     if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps({"torch": torch.__version__, "runs": result}, indent=1) + "\n")
+        write_result(a.out, {"runs": result})
 
 
 if __name__ == "__main__":

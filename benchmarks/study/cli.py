@@ -10,7 +10,7 @@ from pathlib import Path
 from benchmarks.study.config import SKEWED_POOL, StudyConfig
 from benchmarks.study.report import degeneracy_lines
 from lit_rlft.study.cli import key_value
-from lit_rlft.study.jsonio import write_json
+from lit_rlft.study.jsonio import write_result
 
 
 def _ints(text: str) -> list[int]:
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         warm_start = resolve_warm_start(cfg, out, threads=cfg.sft_threads)
         result = {"config": cfg.to_dict(), "warm_start": warm_start, "pools": pool_degeneracy(cfg, out, warm_start)}
-        write_json(out / "degeneracy.json", result)
+        write_result(out / "degeneracy.json", result)
         print("\n".join(degeneracy_lines(result["pools"])))
         print(f"benchmarks.study: wrote {out}/degeneracy.json in {time.perf_counter() - t0:.0f} s")
         return 0

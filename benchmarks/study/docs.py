@@ -67,6 +67,20 @@ def time_to_trl_lines(path: Path) -> list[str]:
             f"`{path.relative_to(REPO)}`):", "", *result_table(result).splitlines()]
 
 
+#: ``make demo``'s report (``runs/demo/report.json`` of a fresh clone, copied here): the README's demo table.
+DEMO_REPORT = REPO / "docs" / "results" / "demo_report.json"
+
+
+def demo_lines(path: Path | None = None) -> list[str]:
+    """The README's demo table, from the recorded demo report (:func:`lit_rlft.cli.demo.demo_table`)."""
+    from lit_rlft.cli.demo import demo_table
+
+    report = read_json(path or DEMO_REPORT)
+    if report is None:
+        raise FileNotFoundError(f"{path or DEMO_REPORT}: missing or unreadable (make demo; copy runs/demo/report.json)")
+    return demo_table(report["before"], report["after"])
+
+
 #: Studies of the product (``lit-rlft study``) recorded for the pages, by block name (:func:`record`).
 PRODUCT_STUDIES = {"gsm8k-smollm2": REPO / "docs" / "results" / "gsm8k_smollm2_study.json"}
 #: Per-step series a recorded product study keeps (the rest of each run's TensorBoard stays in its run folder).
@@ -119,8 +133,9 @@ def product_study_lines(path: Path) -> list[str]:
 def extra_blocks() -> dict[str, Callable[[], list[str]]]:
     """Blocks built from their own records, not from ``docs/results/study.json``: the saving against passes and
     by policy size (:mod:`benchmarks.study.passes`), the time-to-TRL tables (:data:`TIME_TO_TRL`) and the product
-    studies (:data:`PRODUCT_STUDIES`)."""
-    out: dict[str, Callable[[], list[str]]] = {"saving-vs-passes": passes_block, "policy-size": policy_lines}
+    studies (:data:`PRODUCT_STUDIES`) and the demo's table (:data:`DEMO_REPORT`)."""
+    out: dict[str, Callable[[], list[str]]] = {"saving-vs-passes": passes_block, "policy-size": policy_lines,
+                                               "demo-table": lambda: demo_lines()}
     for name, path in TIME_TO_TRL.items():
         out[name] = lambda p=path: time_to_trl_lines(p)
     for name, path in PRODUCT_STUDIES.items():
@@ -206,12 +221,22 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"record a finished lit-rlft study as the pages' block NAME ({', '.join(PRODUCT_STUDIES)}), "
                         "with --command, then regenerate")
     p.add_argument("--command", help="the command that made the recorded study (with --record)")
+    p.add_argument("--record-demo", type=Path, metavar="REPORT_JSON",
+                   help=f"record a fresh clone's make demo report (runs/demo/report.json) as {DEMO_REPORT.name}, "
+                        "the README's demo table, then regenerate")
     a = p.parse_args(argv)
     if a.record:
         source, name = a.record
         if name not in PRODUCT_STUDIES or not a.command:
             p.error(f"--record STUDY_JSON NAME needs NAME in {', '.join(PRODUCT_STUDIES)} and --command")
         print(f"recorded {record(Path(source), PRODUCT_STUDIES[name], a.command)}")
+    if a.record_demo:
+        report = read_json(a.record_demo)
+        if report is None or "before" not in report or "after" not in report:
+            p.error(f"--record-demo {a.record_demo}: not a make demo report.json (no 'before'/'after')")
+        from lit_rlft.study.jsonio import write_json
+
+        print(f"recorded {write_json(DEMO_REPORT, report)}")
     if not a.check:
         write(a.study)
     problems = check(a.study)

@@ -307,7 +307,8 @@ def plot(rows: list[dict[str, Any]], path: Path = FIGURE) -> Path:
 
 def add(study_json: Path, directory: Path = PASSES_DIR) -> Path:
     """Record a finished study (``<out>/study.json``) as ``<composition>_pool<size>.json`` in ``directory``, compact
-    (its configuration, warm start, degeneracy and runs as written; the summaries are recomputed when read)."""
+    (its configuration, warm start, degeneracy, runs and environment as written; the summaries are recomputed when
+    read)."""
     import json
 
     from lit_rlft.study.jsonio import read_json
@@ -318,7 +319,7 @@ def add(study_json: Path, directory: Path = PASSES_DIR) -> Path:
     cfg = StudyConfig.from_dict(study["config"])
     if len(cfg.pool_sizes) != 1:
         raise ValueError(f"{study_json}: one pool size per recorded study, got {cfg.pool_sizes}")
-    keep = {k: study[k] for k in ("config", "warm_start", "degeneracy", "runs") if k in study}
+    keep = {k: study[k] for k in ("config", "warm_start", "degeneracy", "runs", "environment") if k in study}
     keep["policy"] = _recorded_policy(cfg, str(study.get("warm_start", "")))
     suffix = "" if keep["policy"] == demo_policy() else f"_h{keep['policy']['hidden_size']}l{keep['policy']['num_hidden_layers']}"
     path = directory / f"{composition(cfg)}_pool{cfg.pool_sizes[0]}{suffix}.json"

@@ -20,7 +20,7 @@ from benchmarks.study.report import results_markdown
 from benchmarks.study.warm_start import resolve_warm_start
 from lit_rlft.study import run_study as run_product_study
 from lit_rlft.study.compose import write_config
-from lit_rlft.study.jsonio import read_json, write_json
+from lit_rlft.study.jsonio import read_json, write_json, write_result
 from lit_rlft.study.summary import summarise
 
 #: Each pool's curves: held-out accuracy on 3+4 numbers and the training-pool reward.
@@ -124,7 +124,7 @@ def run_study(cfg: StudyConfig, out: str | Path, progress: bool = True) -> dict[
     timings["runs_total_s"] = sum(r.get("total_s") or 0.0 for r in runs)
     study = {"config": cfg.to_dict(), "warm_start": warm_start, "degeneracy": degeneracy, "pools": pools,
              "runs": runs, "timings": timings, "methods": METHODS}
-    write_json(out / "study.json", study)
+    write_result(out / "study.json", study)
     for i, size in enumerate(cfg.pool_sizes):
         pool_ok = [r for r in runs if r.get("pool_size") == size and r.get("status") == "ok" and r.get("curve")]
         seeds = cfg.seeds if i == 0 else cfg.seeds[: cfg.sweep_seeds]

@@ -12,7 +12,6 @@ Steps (each skipped when its output already exists, so an interrupted demo resum
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +21,7 @@ import torch
 
 from lit_rlft.cli import grpo_cli, sft_cli
 from lit_rlft.reporting import plot_curves, read_scalars
+from lit_rlft.study.jsonio import write_result
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -131,7 +131,7 @@ def run(out: Path, threads: int, grpo_steps: int | None, sft_steps: int | None,
     plot_curves(scalars, out / "curves.png")
     report = {"before": before, "after": after, "timings": timings, "steps": cli.model.grpo.rollout_step,
               "budget": cli.model.grpo.budget.state_dict()}
-    (out / "report.json").write_text(json.dumps(report, indent=2))
+    write_result(out / "report.json", report)
     lines = [
         "# lit_rlft CPU demo: GRPO on Countdown with a tiny policy", "",
         f"{cli.model.grpo.rollout_step} GRPO steps, {cli.model.grpo.budget.completions} completions, "

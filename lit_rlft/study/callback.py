@@ -29,9 +29,8 @@ import lightning as L
 import torch
 
 from lit_rlft.callbacks.base import from_trainer_output
-from lit_rlft.study.environment import environment
 from lit_rlft.study.evaluation import EvalSettings, HeldOutEvaluator, policy_probe
-from lit_rlft.study.jsonio import read_json, write_json
+from lit_rlft.study.jsonio import read_json, write_json, write_result
 
 __all__ = ["StudyCallback", "zero_spread_completions"]
 
@@ -82,12 +81,10 @@ class StudyCallback(L.Callback):
         self.eval_s = 0.0
         self._next = 0  # index of the next mark
         self._t_step: float | None = None
-        self._environment: dict[str, Any] = {}
         self._progress: Any = None  # the step (its budget and rollout count go into the file)
 
     # -- Lightning hooks ---------------------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
-        self._environment = environment()
         self._progress = pl_module.grpo
         if not self.curve:
             self._evaluate(trainer, pl_module, start=True)
@@ -155,11 +152,10 @@ class StudyCallback(L.Callback):
         if not trainer.is_global_zero:
             return
         step = self._progress
-        write_json(self.out, {"curve": self.curve, "steps": self.steps, "finished": finished,
-                              "rollout_steps": int(step.rollout_step) if step is not None else None,
-                              "budget": step.budget.state_dict() if step is not None else None,
-                              "timings": {"train_wall_s": self.train_s, "eval_s": self.eval_s},
-                              "environment": self._environment})
+        write_result(self.out, {"curve": self.curve, "steps": self.steps, "finished": finished,
+                                "rollout_steps": int(step.rollout_step) if step is not None else None,
+                                "budget": step.budget.state_dict() if step is not None else None,
+                                "timings": {"train_wall_s": self.train_s, "eval_s": self.eval_s}})
 
     # -- checkpoints -------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

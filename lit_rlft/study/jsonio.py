@@ -1,4 +1,7 @@
-"""Atomic JSON files: a reader never sees a half-written file, so an interrupted study resumes cleanly."""
+"""Atomic JSON files: a reader never sees a half-written file, so an interrupted study resumes cleanly.
+
+:func:`write_result` is the one writer of a benchmark's or a study's result: the data plus the environment it was
+measured in (:func:`~lit_rlft.study.environment.environment`)."""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from lit_rlft.study.environment import PACKAGES, environment
 
 
 def _clean(obj: Any) -> Any:
@@ -35,6 +40,20 @@ def write_json(path: str | Path, data: Any) -> Path:
         if os.path.exists(tmp):
             os.remove(tmp)
     return path
+
+
+def write_result(path: str | Path, data: dict[str, Any], *, packages: tuple[str, ...] | None = None) -> Path:
+    """Write a result: ``data`` with an ``"environment"`` key (package versions, torch's threads when torch is
+    imported, CPU model and count, the commit: :func:`~lit_rlft.study.environment.environment` of ``packages``, by
+    default :data:`~lit_rlft.study.environment.PACKAGES`), atomically (:func:`write_json`); returns ``path``.
+
+    An ``"environment"`` already in ``data`` is the caller's and is kept as given (a result rewritten from an earlier
+    file, or a record whose environment was taken where it was measured); ``data`` itself is not changed. The
+    environment is taken at the call: call it where the measurement ran, after the thread settings."""
+    record = dict(data)
+    if "environment" not in record:
+        record["environment"] = environment(PACKAGES if packages is None else tuple(packages))
+    return write_json(path, record)
 
 
 def read_json(path: str | Path) -> Any | None:

@@ -32,7 +32,7 @@ from typing import Any
 
 from lit_rlft.study.compose import ConfigError, dropped_callbacks, fingerprint, load_config, run_config, write_config
 from lit_rlft.study.environment import environment
-from lit_rlft.study.jsonio import read_json, write_json
+from lit_rlft.study.jsonio import read_json, write_json, write_result
 from lit_rlft.study.runner import PlannedRun, execute, python_command
 from lit_rlft.study.settings import TRL_ARM, StudySettings, arm_name
 from lit_rlft.study.strategies import Arm, ArmError, CallbackSpec, resolve_arm
@@ -367,9 +367,9 @@ def run_study(settings: StudySettings, progress: bool = True) -> dict[str, Any]:
         "threads": threads, "runs": records, "summary": summarise_study(settings, records),
         "timings": {"study_s": time.perf_counter() - t0, "runs_executed": executed["executed"],
                     "runs_reused": executed["reused"], "runs_total_s": sum(r.get("total_s") or 0 for r in records)},
-        "environment": environment(),
+        "environment": environment(),  # the report states it too
     }
-    write_json(out / "study.json", study)
+    write_result(out / "study.json", study)
     write_outputs(study, out)
     return study
 
@@ -391,6 +391,6 @@ def rebuild_report(settings: StudySettings) -> dict[str, Any]:
              "runs": records, "summary": summarise_study(settings, records),
              "timings": {"study_s": time.perf_counter() - t0, "runs_executed": 0, "runs_reused": len(records),
                          "runs_total_s": sum(r.get("total_s") or 0 for r in records)}}
-    write_json(out / "study.json", study)
+    write_result(out / "study.json", study)  # the earlier study.json's environment, the runs' own, is kept
     write_outputs(study, out)
     return study

@@ -38,9 +38,8 @@ from typing import Any
 
 import transformers
 
-from lit_rlft.study.environment import environment
 from lit_rlft.study.evaluation import HeldOutEvaluator, policy_probe
-from lit_rlft.study.jsonio import read_json, write_json
+from lit_rlft.study.jsonio import read_json, write_json, write_result
 
 __all__ = ["LOSS_FIELDS", "TRLArmError", "main", "trl_config_kwargs"]
 
@@ -203,7 +202,6 @@ class _Measure(transformers.TrainerCallback):
         self.train_s = self.eval_s = 0.0
         self.next = 0
         self.t_step: float | None = None
-        self.env = environment()
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(str(run_dir / "tb"))
@@ -238,11 +236,11 @@ class _Measure(transformers.TrainerCallback):
 
     def _write(self, finished: bool) -> None:
         completions = self.completions(self.curve[-1]["step"] if self.curve else 0)
-        write_json(self.study.out, {
+        write_result(self.study.out, {
             "curve": self.curve, "steps": self.steps, "finished": finished,
             "rollout_steps": self.curve[-1]["step"] if self.curve else 0,
             "budget": {"completions": completions, "by_purpose": {"train": completions}},
-            "timings": {"train_wall_s": self.train_s, "eval_s": self.eval_s}, "environment": self.env})
+            "timings": {"train_wall_s": self.train_s, "eval_s": self.eval_s}})
 
     def start(self) -> None:
         self._evaluate(0, start=True)

@@ -283,7 +283,9 @@ def test_the_demo_runs_end_to_end_and_reports_the_step_and_budget(tmp_path):
     report = run(tmp_path, threads=1, grpo_steps=1, sft_steps=1, grpo_overrides=small)
     assert report["steps"] == 1
     assert report["budget"]["completions"] == 4 * 8  # one step: 4 prompts x 8 completions, nothing else generated
-    assert json.loads((tmp_path / "report.json").read_text())["steps"] == 1
+    written = json.loads((tmp_path / "report.json").read_text())
+    assert written["steps"] == 1
+    assert written["environment"]["torch_threads"] == 1  # the demo's threads, recorded with its result
     md = (tmp_path / "report.md").read_text()
     assert md.splitlines()[2].startswith("1 GRPO steps, 32 completions")
     assert "| accuracy | 12 |" in md and (tmp_path / "curves.png").is_file()

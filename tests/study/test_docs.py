@@ -158,3 +158,39 @@ def test_a_recorded_product_study_renders_from_its_runs_and_a_hand_edited_digit_
     assert docs.render(page.read_text(), docs.extra_blocks()) == page.read_text()  # up to date
     edited = page.read_text().replace(f"{final['mopps']:.3f}", f"{final['mopps'] + 0.1:.3f}", 1)
     assert docs.render(edited, docs.extra_blocks()) != edited  # the check sees a hand-edited digit
+
+
+# -- the README's demo table, from the recorded demo report ----------------------------------------------------------
+def _demo_report() -> dict:
+    before = {"val/accuracy": 0.39, "val/accuracy/difficulty_2": 0.806, "val/accuracy/difficulty_3": 0.327,
+              "val/accuracy/difficulty_4": 0.001, "val/accuracy/learnable": 0.164}
+    after = {"val/accuracy": 0.534, "val/accuracy/difficulty_2": 0.84, "val/accuracy/difficulty_3": 0.495,
+             "val/accuracy/difficulty_4": 0.241, "val/accuracy/learnable": 0.367, "val/n/accuracy": 1800.0,
+             "val/n/accuracy/difficulty_2": 633.0, "val/n/accuracy/difficulty_3": 581.0,
+             "val/n/accuracy/difficulty_4": 586.0, "val/n/accuracy/learnable": 1167.0}
+    return {"before": before, "after": after}
+
+
+def test_the_demo_table_is_the_readmes_format_computed_by_hand(tmp_path):
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(_demo_report()))
+    lines = docs.demo_lines(path)
+    assert lines[0] == "| held-out bucket | n problems | warm start | after GRPO | change |"
+    assert "| 4 numbers (learnable, never in SFT) | 586 | 0.001 | 0.241 | **+0.240** |" in lines
+    assert "| learnable part (3 + 4 numbers, pooled) | 1,167 | 0.164 | 0.367 | **+0.203** |" in lines  # 0.367-0.164
+    assert lines[-1] == "| all | 1,800 | 0.390 | 0.534 | +0.144 |"
+
+
+def test_a_hand_edited_digit_in_the_readmes_demo_table_fails_the_docs_check(tmp_path):
+    readme = (docs.REPO / "README.md").read_text(encoding="utf-8")
+    block = readme.split("<!-- generated:demo-table -->\n", 1)[1].split("<!-- /generated:demo-table -->", 1)[0]
+    assert block.rstrip("\n").splitlines() == docs.demo_lines()  # the README's table is the recorded report's
+    row = next(line for line in block.splitlines() if line.startswith("| all |"))
+    cells = row.split(" | ")
+    cells[3] = f"{float(cells[3]) + 0.001:.3f}"  # the after-GRPO accuracy of "all", one digit off
+    page = tmp_path / "README.md"
+    page.write_text(readme.replace(row, " | ".join(cells)), encoding="utf-8")
+    problems = docs.check(pages=(page,))
+    assert problems == [f"{page}: generated block(s) out of date (python -m benchmarks.study.docs)"]
+    page.write_text(readme, encoding="utf-8")
+    assert docs.check(pages=(page,)) == []

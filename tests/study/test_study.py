@@ -141,6 +141,7 @@ def test_runs_in_subprocesses_side_by_side_with_a_trl_arm(tmp_path):
     assert starts[0]["val/accuracy"] == starts[1]["val/accuracy"]
     assert "reward" in trl["series"] and "frac_reward_zero_std" in trl["series"]
     assert (Path(s.out) / "arms" / "trl-seed0" / "log.txt").read_text().startswith("$ ")
+    assert trl["environment"]["packages"]["trl"] and trl["environment"]["torch_threads"] >= 1  # its measurements'
 
 
 # -- bad input: one line, before any run starts ----------------------------------------------------------------------
