@@ -80,12 +80,28 @@ def test_a_checkpoint_with_a_kl_term_holds_no_reference_weights(tmp_path):
 def test_a_lit_rlft_0_3_checkpoint_with_the_reference_resumes_bit_identically(tmp_path):
     old = torch.load(OLD_CHECKPOINT, weights_only=True)
     assert sum(k.startswith("_reference.") for k in old["state_dict"]) == 15  # the old layout, reference included
-    # per-row passes, as 0.3 trained: the shared-prompt ones (auto) round differently, and bits are compared here
-    full = _trainer_fit(tmp_path / "full", 4, beta=0.1, shared_prompt=False)
-    resumed = _trainer_fit(tmp_path / "resumed", 4, ckpt_path=str(OLD_CHECKPOINT), beta=0.1, shared_prompt=False)
+    # per-row passes, as 0.3 trained: the shared-prompt ones (auto) round differently, and bits are compared here.
+    # The committed file's weights were made by the packages of its day, and a fresh run's first two steps round
+    # differently under today's (its bits moved between 2026-11 and the lock of 2026-12-05, with transformers 5.24
+    # and 5.25 alike): bits are compared against this run's own step-2 checkpoint written in the 0.3 layout (the
+    # reference saved beside the policy, as 0.3 did); the committed file must still resume and train.
+    full = _trainer_fit(tmp_path / "full", 4, save_every=2, beta=0.1, shared_prompt=False)
+    ckpt = torch.load(tmp_path / "full" / "ckpt" / "epoch=0-step=2.ckpt", weights_only=False)
+    policy = {k: v for k, v in ckpt["state_dict"].items() if k.startswith("policy.")}
+    assert not any(k.startswith("_reference.") for k in ckpt["state_dict"])  # today's layout: no reference
+    ckpt["state_dict"].update({"_reference." + k.removeprefix("policy."): v.clone() for k, v in policy.items()})
+    assert set(ckpt["state_dict"]) == set(old["state_dict"])  # the same keys as the committed 0.3 file
+    torch.save(ckpt, tmp_path / "layout_0_3.ckpt")
+    resumed = _trainer_fit(tmp_path / "resumed", 4, ckpt_path=str(tmp_path / "layout_0_3.ckpt"), beta=0.1,
+                           shared_prompt=False)
     assert resumed[1] == full[1][2:]  # the steps after the checkpoint trained the same prompts
     assert any(len(ids) for ids in resumed[1])
     _same_run(full, resumed)
+    committed = _trainer_fit(tmp_path / "committed", 3, ckpt_path=str(OLD_CHECKPOINT), beta=0.1, shared_prompt=False)
+    assert committed[3].global_step == 3
+    loaded = _trainer_fit(tmp_path / "loaded", 2, ckpt_path=str(OLD_CHECKPOINT), beta=0.1, shared_prompt=False)
+    for name, value in loaded[0].policy.state_dict().items():  # at its own step: the file's policy, bit for bit
+        assert torch.equal(value, old["state_dict"]["policy." + name]), name
 
 
 def test_a_fabric_checkpoint_resumes_under_the_trainer_and_a_trainer_checkpoint_under_fabric(tmp_path):
