@@ -12,6 +12,12 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The CPU kernels recorded figures are computed with: ATen's vector kernels, MKL's code path and oneDNN's ISA held at
+# AVX2 on x86-64 (the machine the README's figures come from has AVX2 and no AVX-512). The last bits of every
+# forward pass depend on them, and a demo's warm start with them: same code, packages and seeds gave 0.390 and 0.377
+# on two machines. KERNELS= uses the machine's best kernels; the result JSONs record which were used.
+KERNELS ?= $(if $(filter x86_64,$(shell uname -m)),ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2)
+RUN := env $(KERNELS)
 
 .PHONY: lock lock-vllm install test test-all test-vllm vllm-env smollm2 lint demo bench study study-quick study-gsm8k clean
 
@@ -78,22 +84,22 @@ lint: $(STAMP)
 	$(BIN)/ruff check lit_rlft tests benchmarks scripts examples
 
 demo: $(STAMP)
-	$(BIN)/python -m lit_rlft.cli.demo --out runs/demo
+	$(RUN) $(BIN)/python -m lit_rlft.cli.demo --out runs/demo
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e ".[dev,bench]"
-	$(BIN)/python benchmarks/step_time_vs_trl.py
+	$(RUN) $(BIN)/python benchmarks/step_time_vs_trl.py
 
 study: $(STAMP)
-	$(BIN)/python -m benchmarks.study --out runs/bench
+	$(RUN) $(BIN)/python -m benchmarks.study --out runs/bench
 
 study-quick: $(STAMP)
-	$(BIN)/python -m benchmarks.study --quick
+	$(RUN) $(BIN)/python -m benchmarks.study --quick
 
 # `lit-rlft study` on a real model (README, "Which strategy pays on my data?"): SmolLM2-135M-Instruct on GSM8K,
 # uniform against MoPPS, one seed (the recorded result; --seeds 0,1 for an interval: about 2.5 hours on 2 CPU cores). Re-running resumes.
 study-gsm8k: smollm2
-	$(BIN)/lit-rlft study --config configs/gsm8k_smollm2_study.yaml $(GSM8K_STUDY)
+	$(RUN) $(BIN)/lit-rlft study --config configs/gsm8k_smollm2_study.yaml $(GSM8K_STUDY)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build runs lightning_logs .pytest_cache

