@@ -1,6 +1,13 @@
-"""Prompt pools, the batch plan, templates and generated tasks."""
+"""Prompt pools, the batch plan, templates and generated tasks.
 
-from lit_rlft.data.datamodule import PromptDataModule
+``PromptDataModule`` (a ``LightningDataModule``) is imported on first use (PEP 562): the rest of the package, which
+rollout workers, reward workers and environments import, does not import Lightning.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from lit_rlft.data.gsm8k import GSM8KTask
 from lit_rlft.data.plan import BatchPlan
 from lit_rlft.data.pool import PromptPool, build_pool
@@ -13,3 +20,16 @@ __all__ = [
     "PromptDataModule",
     "PromptPool", "Record", "Task", "build_pool", "load_records", "render_prompt", "write_jsonl",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PromptDataModule":
+        from lit_rlft.data.datamodule import PromptDataModule
+
+        globals()[name] = PromptDataModule
+        return PromptDataModule
+    raise AttributeError(f"module 'lit_rlft.data' has no attribute {name!r}")
+
+
+if TYPE_CHECKING:
+    from lit_rlft.data.datamodule import PromptDataModule

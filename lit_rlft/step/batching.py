@@ -23,17 +23,26 @@ Notation: ``n`` rows of a micro-batch, ``P`` / ``L`` the batch's prompt / comple
   ``sum_i (p_i + l_i)`` (Countdown: 13 + 8 x 28 against 8 x 41 positions per group). It needs an attention that takes a
   4-D mask (sdpa and eager take it dense, flex_attention as a ``BlockMask`` whose kernel skips the blocks no query
   attends in: :func:`grouped_attention_supported`). Logits only at the completion-predicting positions.
+- Chunked log-probs (``chunk_tokens``, ``model.optim.logprob_chunk_tokens``): in any of these layouts, a pass over
+  more than ``chunk_tokens`` completion positions never holds their ``[K, V]`` logits. The output embedding's
+  forward is swapped, for the one call, for :func:`~lit_rlft.core.logprobs.chunked_logprobs` of its input (the
+  hidden states at the completion-predicting positions): the model's forward returns the log-probs in place of
+  the logits, each chunk's logits are computed, reduced and freed in turn, and recomputed chunk by chunk in the
+  backward. The head still runs inside the model's own forward, so FSDP2 has its parameters gathered, and a LoRA
+  or tied head is what is called. A model whose forward changes its head's output (soft-capping, scaling) is refused.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
-from lit_rlft.core.logprobs import completion_logprobs
+from lit_rlft.core.logprobs import chunked_logprobs, completion_logprobs, resolve_chunk_tokens
 from lit_rlft.core.types import Rollouts
 
-__all__ = ["grouped_attention_supported", "grouping_pays", "pack_rows", "padding_share", "sequence_logprobs",
+__all__ = ["grouped_attention_supported", "grouping_pays", "head_logprobs", "pack_rows", "padding_share", "sequence_logprobs",
            "token_budget_micro_batches"]
 
 
@@ -88,7 +97,7 @@ def padding_share(rollouts: Rollouts, micro_batches: list[Tensor], packed: bool,
 def sequence_logprobs(
     model: nn.Module, rollouts: Rollouts, rows: Tensor, temperature: float, device: torch.device | str,
     with_entropy: bool = False, packed: bool = False, trim: bool = False, entropy_grad: bool = False,
-    grouped: bool = False,
+    grouped: bool = False, chunk_tokens: int | str | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token log-probs ``[n, L]`` (and entropy ``[n, L]``) of the completions at ``rows`` ``[n]`` under ``model``.
 
@@ -97,11 +106,14 @@ def sequence_logprobs(
     longest prompt and completion. Both give the untrimmed pass's values up to float rounding; positions past a
     row's completion are 0. ``entropy_grad``: the entropy keeps its gradient (an entropy bonus in the loss).
     ``grouped``: shared-prompt segments (see the module docstring; it takes precedence over ``packed`` and ``trim``).
+    ``chunk_tokens``: log-probs from the hidden states in chunks of this many positions (``"auto"``: chunks of at
+    most :data:`~lit_rlft.core.logprobs.AUTO_CHUNK_LOGITS` logits; None: the full logits) when the pass has more.
     """
+    chunk = resolve_chunk_tokens(chunk_tokens, _vocab_size(model)) if chunk_tokens else None
     if grouped:
-        return _grouped_logprobs(model, rollouts, rows, temperature, device, with_entropy, entropy_grad)
+        return _grouped_logprobs(model, rollouts, rows, temperature, device, with_entropy, entropy_grad, chunk)
     if packed:
-        return _packed_logprobs(model, rollouts, rows, temperature, device, with_entropy, entropy_grad)
+        return _packed_logprobs(model, rollouts, rows, temperature, device, with_entropy, entropy_grad, chunk)
     prompt, comp = rollouts.prompt_tokens[rows], rollouts.completion_tokens[rows]  # [n, P], [n, L]
     p_mask, c_mask = rollouts.prompt_mask[rows], rollouts.completion_mask[rows]  # [n, P], [n, L]
     width = comp.shape[1]
@@ -113,9 +125,20 @@ def sequence_logprobs(
     input_ids = torch.cat([prompt, comp], dim=1).to(device)  # [n, P' + L']
     position_ids = (attn.cumsum(dim=1) - 1).clamp(min=0)  # [n, P' + L']
     length = comp.shape[1]
-    logits = model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False,
-                   logits_to_keep=length + 1).logits[:, :-1]  # [n, L', V]
-    logprobs, entropy = completion_logprobs(logits, comp.to(device), temperature, entropy_grad=entropy_grad)
+
+    def forward() -> object:
+        return model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False,
+                     logits_to_keep=length + 1)
+
+    targets = comp.to(device)  # [n, L']
+    if chunk is not None and targets.numel() > chunk:
+        lp, ent = head_logprobs(model, forward, lambda h: h[:, :-1].reshape(-1, h.shape[-1]), targets.reshape(-1),
+                                temperature, chunk, with_entropy, entropy_grad)  # [n L'] each
+        logprobs = lp.reshape(targets.shape)
+        entropy = ent.reshape(targets.shape) if ent is not None else torch.zeros_like(logprobs)
+    else:
+        logits = forward().logits[:, :-1]  # [n, L', V]
+        logprobs, entropy = completion_logprobs(logits, targets, temperature, entropy_grad=entropy_grad)
     if length < width:  # back to the batch's layout
         logprobs = torch.nn.functional.pad(logprobs, (0, width - length))
         entropy = torch.nn.functional.pad(entropy, (0, width - length))
@@ -139,8 +162,8 @@ def pack_rows(lengths: list[int]) -> list[list[int]]:
 
 
 def _packed_logprobs(model: nn.Module, rollouts: Rollouts, rows: Tensor, temperature: float,
-                     device: torch.device | str, with_entropy: bool,
-                     entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
+                     device: torch.device | str, with_entropy: bool, entropy_grad: bool,
+                     chunk: int | None = None) -> tuple[Tensor, Tensor | None]:
     """The rows' real tokens packed into bins as long as the longest row (``[n_bins, C]``), positions restarting at
     each row: the attention of each bin is block-diagonal, and no position is spent on padding but a bin's tail."""
     p_mask, c_mask = rollouts.prompt_mask[rows].bool(), rollouts.completion_mask[rows].bool()  # [n, P], [n, L]
@@ -165,13 +188,92 @@ def _packed_logprobs(model: nn.Module, rollouts: Rollouts, rows: Tensor, tempera
     pos_b = torch.cat([torch.full((len(seqs[i][1]),), b) for b, _, i in where]).to(device)  # [sum l_i]
     pos_t = torch.cat([torch.arange(start, start + len(seqs[i][1])) for _, start, i in where]).to(device)
     targets = torch.cat([seqs[i][1] for _, _, i in where])[None].to(device)  # [1, sum l_i]
-    logits = _logits_at(model, input_ids.to(device), position_ids.to(device), pos_b, pos_t)  # [1, sum l_i, V]
-    lp, ent = completion_logprobs(logits, targets, temperature, entropy_grad=entropy_grad)  # [1, sum l_i] each
+    lp, ent = _completion_at(model, input_ids.to(device), position_ids.to(device), pos_b, pos_t, targets,
+                             temperature, with_entropy, entropy_grad, chunk)  # [1, sum l_i] each
     shape = (len(rows), comps.shape[1])
     mask = c_mask.to(device)  # [n, L]; completions are a prefix of each row
     logprobs = torch.zeros(shape, dtype=lp.dtype, device=device).masked_scatter(mask, lp[0])
     entropy = torch.zeros(shape, dtype=ent.dtype, device=device).masked_scatter(mask, ent[0])
     return logprobs, (entropy if with_entropy else None)
+
+
+def _completion_at(model: nn.Module, input_ids: Tensor, position_ids: Tensor, pos_b: Tensor, pos_t: Tensor,
+                   targets: Tensor, temperature: float, with_entropy: bool, entropy_grad: bool, chunk: int | None,
+                   attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Log-probs and entropies ``[1, K]`` of ``targets`` ``[1, K]`` predicted at the ``K`` positions ``(pos_b[k],
+    pos_t[k])`` of a ``[n_bins, C]`` packed forward: from the ``[1, K, V]`` logits (:func:`_logits_at`), or, with
+    ``chunk`` and more than ``chunk`` positions, from the hidden states in chunks (:func:`head_logprobs`)."""
+    if chunk is None or targets.numel() <= chunk:
+        logits = _logits_at(model, input_ids, position_ids, pos_b, pos_t, attention_mask)  # [1, K, V]
+        return completion_logprobs(logits, targets, temperature, entropy_grad=entropy_grad)
+    extra = {} if attention_mask is None else {"attention_mask": attention_mask}
+
+    def forward() -> object:
+        return model(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=0, **extra)
+
+    lp, ent = head_logprobs(model, forward, lambda h: h[pos_b, pos_t], targets[0], temperature, chunk,
+                            with_entropy, entropy_grad)  # [K] each
+    return lp[None], (ent[None] if ent is not None else torch.zeros_like(lp[None]))
+
+
+def _output_embedding(model: nn.Module) -> nn.Module | None:
+    """The output embedding (``lm_head``) of ``model``, through data-parallel wrappers and peft; None without one."""
+    inner = model
+    while not hasattr(inner, "get_output_embeddings") and isinstance(getattr(inner, "module", None), nn.Module):
+        inner = inner.module
+    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    return head if isinstance(head, nn.Module) else None
+
+
+def _vocab_size(model: nn.Module) -> int:
+    """The vocabulary ``V`` of ``model``'s logits (its config's, else its output embedding's rows)."""
+    size = getattr(_config(model), "vocab_size", None)
+    if size:
+        return int(size)
+    head = _output_embedding(model)
+    weight = getattr(head, "weight", None)
+    return int(weight.shape[0]) if weight is not None else 1
+
+
+def head_logprobs(model: nn.Module, forward: Callable[[], object], select: Callable[[Tensor], Tensor],
+                  targets: Tensor, temperature: float, chunk_tokens: int, with_entropy: bool,
+                  entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (and entropies) ``[K]`` of ``targets`` ``[K]`` from ``forward()`` (one call of ``model``) without its
+    logits: for that call the output embedding's forward is :func:`~lit_rlft.core.logprobs.chunked_logprobs` of
+    ``select(hidden)`` ``[K, H]`` (its input cut to the positions that predict ``targets``).
+
+    Raises:
+        ValueError: ``model`` has no output embedding.
+        RuntimeError: the model's forward did not return its output embedding's output as its logits (a
+            soft-capped or scaled head): chunked log-probs cannot be taken from it.
+    """
+    head = _output_embedding(model)
+    if head is None:
+        raise ValueError(f"model.optim.logprob_chunk_tokens: {type(model).__name__} has no output embedding "
+                         "(get_output_embeddings()) to take chunked log-probs from; set it to null")
+    call = head.forward
+    held: dict[str, Tensor | None] = {}
+
+    def chunked(hidden: Tensor, *args: object, **kwargs: object) -> Tensor:
+        lp, ent = chunked_logprobs(select(hidden), call, targets, temperature, chunk_tokens, with_entropy,
+                                   entropy_grad)
+        held["logprobs"], held["entropy"] = lp, ent
+        return lp
+
+    own = head.__dict__.get("forward")  # an instance forward (a hook library's) is put back as it was
+    head.forward = chunked
+    try:
+        out = forward()
+    finally:
+        if own is None:
+            del head.forward
+        else:
+            head.forward = own
+    if "logprobs" not in held or getattr(out, "logits", None) is not held["logprobs"]:
+        raise RuntimeError(f"model.optim.logprob_chunk_tokens: {type(model).__name__}'s forward does not return its "
+                           "output embedding's output as its logits (soft-capping or scaling after the head?), so "
+                           "log-probs cannot be taken in chunks from the hidden states; set it to null")
+    return held["logprobs"], held["entropy"]
 
 
 def _logits_at(model: nn.Module, input_ids: Tensor, position_ids: Tensor, pos_b: Tensor, pos_t: Tensor,
@@ -297,8 +399,8 @@ def group_segments(rollouts: Rollouts, rows: Tensor) -> list[tuple[Tensor, list[
 
 
 def _grouped_logprobs(model: nn.Module, rollouts: Rollouts, rows: Tensor, temperature: float,
-                      device: torch.device | str, with_entropy: bool,
-                      entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
+                      device: torch.device | str, with_entropy: bool, entropy_grad: bool,
+                      chunk: int | None = None) -> tuple[Tensor, Tensor | None]:
     """Shared-prompt segments packed into bins (``[n_bins, C]``) with a block mask ``[n_bins, 1, C, C]``: in a segment
     the prompt attends causally to itself, each completion to the whole prompt and causally to itself; positions
     continue from the prompt in every completion, as in the per-row pass."""
@@ -338,9 +440,9 @@ def _grouped_logprobs(model: nn.Module, rollouts: Rollouts, rows: Tensor, temper
     pos_t = torch.cat([torch.cat([torch.tensor([last]), torch.arange(start, start + n - 1)])
                        for _, _, last, start, n in where]).to(device)  # [sum l_i]
     targets = torch.cat([input_ids[b, start : start + n] for _, b, _, start, n in where])[None].to(device)
-    logits = _logits_at(model, input_ids.to(device), position_ids.to(device), pos_b, pos_t,
-                        attention_mask=attention)  # [1, sum l_i, V]
-    lp, ent = completion_logprobs(logits, targets, temperature, entropy_grad=entropy_grad)  # [1, sum l_i] each
+    lp, ent = _completion_at(model, input_ids.to(device), position_ids.to(device), pos_b, pos_t, targets,
+                             temperature, with_entropy, entropy_grad, chunk,
+                             attention_mask=attention)  # [1, sum l_i] each
     shape = (len(rows), rollouts.completion_tokens.shape[1])
     c_mask = rollouts.completion_mask[rows].bool().to(device)  # [n, L]; completions are a prefix of each row
     logprobs = torch.zeros(shape, dtype=lp.dtype, device=device).masked_scatter(c_mask, lp[0])

@@ -172,6 +172,15 @@ class OptimConfig:
     ``false``: the per-row pass, bit for bit as before. Where it cannot run, the per-row pass with one warning naming
     why. It saves the ``G - 1`` repeated prompts of every group: little for Countdown's 10-token prompts, much for
     long ones (few-shot, tool and system prompts)."""
+    logprob_chunk_tokens: int | Literal["auto"] | None = "auto"
+    """Log-probs and entropies from the hidden states and the LM head in chunks of this many completion positions,
+    in the update's forward and backward and in the reference and old-policy passes, so that no pass holds more
+    than one chunk's ``[chunk, V]`` logits (the backward recomputes each chunk's logits; TRL's chunked log-probs,
+    SkyRL's default for long sequences). ``auto`` (the default): chunks of at most 2**26 logits (256 MiB in float32:
+    1,365 positions at SmolLM2's 49,152 tokens, 441 at Qwen2's 151,936), so a small-vocabulary run never chunks;
+    ``null`` (or 0): the full logits, bit for bit as before. A pass with no more positions than one chunk takes the
+    full logits either way. Equal to the full pass up to float rounding (the head's product on fewer rows, the
+    gradient summed chunk by chunk; tested at 1e-5 relative)."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward instead of keeping them (HF's non-reentrant
     checkpointing): a fraction of the activation memory for about one more forward."""
@@ -192,6 +201,11 @@ class OptimConfig:
         check_schedule(self.lr_scheduler, None, "model.optim.lr_scheduler")  # its length is known at fit time
         if self.shared_prompt not in (True, False, "auto"):
             raise ValueError(f"model.optim.shared_prompt must be true, false or auto, got {self.shared_prompt!r}")
+        chunk = self.logprob_chunk_tokens
+        if not (chunk is None or chunk == "auto" or (isinstance(chunk, int) and not isinstance(chunk, bool)
+                                                     and chunk >= 0)):
+            raise ValueError(f"model.optim.logprob_chunk_tokens must be a number of positions >= 1, auto, or null "
+                             f"(0: off), got {chunk!r}")
         if self.max_nonfinite_skips < 0:
             raise ValueError(f"model.optim.max_nonfinite_skips must be >= 0 (0 = never stop), got "
                              f"{self.max_nonfinite_skips}")

@@ -147,6 +147,7 @@ class PolicyUpdater:
         self.padding_free, self.max_grad_norm, self.max_nonfinite_skips = (o.padding_free, o.max_grad_norm,
                                                                            o.max_nonfinite_skips)
         self.shared_prompt = o.shared_prompt
+        self.logprob_chunk_tokens = o.logprob_chunk_tokens
         self._grouped: dict[int, bool] = {}  # id(model) -> whether its passes are shared-prompt ones
         self.entropy_control = AdaptiveEntropyCoef.from_loss(loss_fn)
         self.skips_in_a_row = 0
@@ -199,7 +200,8 @@ class PolicyUpdater:
         temperature, padded or packed, trimmed): also what the reference model's pass uses."""
         return sequence_logprobs(model, rollouts, rows, self.temperature, device, with_entropy,
                                  packed=self.padding_free, trim=self.micro_batch_tokens is not None,
-                                 entropy_grad=entropy_grad, grouped=self.grouped(model) and (
+                                 entropy_grad=entropy_grad, chunk_tokens=self.logprob_chunk_tokens,
+                                 grouped=self.grouped(model) and (
                                      self.shared_prompt is True or grouping_pays(model, rollouts, rows, packed=self.padding_free,
                                                                               trim=self.micro_batch_tokens is not None)))
 
