@@ -14,6 +14,12 @@ Parts (``--parts``), each printed as a table and written to ``--out`` (JSON):
 - ``packing_memory``: the peak memory of that update, padded against packed, each in a fresh process, with the
   vocabulary grown to ``--vocab`` (Qwen2.5's 151,936 by default) so that the logits weigh what they weigh in a real
   model: a packed pass computes logits only where completion tokens are predicted.
+- ``chunked``: the peak memory and time of one update at Qwen2's vocabulary (``--vocab``) and long completions,
+  with the full logits (``model.optim.logprob_chunk_tokens: null``) against chunked log-probs (``auto``: 441
+  positions per chunk at 151,936 tokens), each update in a fresh process, at ``--rows`` sequences of each length in
+  ``--lengths``; the full side only up to ``--full-max`` tokens (its logits alone weigh ``rows x L x V x 4`` bytes,
+  10 GB at 8 x 2,048). From a straight line through each side's peaks: the longest completion one update holds in
+  ``--budget-gib``.
 - ``trl``: whole GRPO steps, lit_rlft against TRL's ``GRPOTrainer`` (``benchmarks/step_time_vs_trl.py``, the same
   weights, prompts and settings on both sides), gradient checkpointing off on both and on on both; each side in a
   fresh process. Peak memory: on a GPU the max allocated during training; on CPU the rise of the resident set over
@@ -58,6 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=8, help="trl / replay: prompts per step")
     p.add_argument("--generations", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--lengths", default="256,512,1024,2048", help="chunked: completion lengths")
+    p.add_argument("--full-max", type=int, default=1024, help="chunked: longest completion the full side runs")
+    p.add_argument("--budget-gib", type=float, default=8.0, help="chunked: the memory the longest update must fit")
     p.add_argument("--steps", type=int, default=5, help="trl / replay: steps per run (the first is discarded)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help="JSON (default benchmarks/results/memory_throughput_<acc>.json)")
@@ -110,15 +119,17 @@ def _batch(rows: int, prompt: int, completion: int, uneven: bool, seed: int = 0)
     )
 
 
-def _update(args: argparse.Namespace, policy: Any, rollouts: Any, padding_free: bool = False) -> float:
-    """Seconds of one update (one optimizer step over the whole batch)."""
+def _update(args: argparse.Namespace, policy: Any, rollouts: Any, padding_free: bool = False,
+            logprob_chunk_tokens: int | str | None = None) -> float:
+    """Seconds of one update (one optimizer step over the whole batch; full logits unless ``logprob_chunk_tokens``)."""
     import torch
 
     from lit_rlft.core.losses import GRPOLoss
     from lit_rlft.step.update import PolicyUpdater, TorchBackend
 
     backend = TorchBackend(policy, torch.optim.SGD(policy.parameters(), lr=1e-4), device=_device(args))
-    updater = PolicyUpdater(GRPOLoss(), temperature=1.0, padding_free=padding_free)
+    updater = PolicyUpdater(GRPOLoss(), temperature=1.0, padding_free=padding_free,
+                            logprob_chunk_tokens=logprob_chunk_tokens)
     advantages = torch.tensor([-1.0, 1.0]).repeat(rollouts.num_groups)
     t0 = time.perf_counter()
     with torch.autocast(_device(args), dtype=torch.bfloat16, enabled=args.bf16):
@@ -138,6 +149,14 @@ def child_update(args: argparse.Namespace, flag: str) -> dict[str, float]:
     from benchmarks.step_time_vs_trl import rss_mib
 
     torch.set_num_threads(args.threads)
+    if flag.startswith("chunked"):  # chunked-{full,auto}-{L}
+        _, side, length = flag.split("-")
+        policy = _policy(args, vocab=args.vocab)
+        rollouts = _batch(args.rows, 64, int(length), uneven=False)
+        base = rss_mib()
+        seconds = _update(args, policy, rollouts, logprob_chunk_tokens=None if side == "full" else "auto")
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return {"peak_rise_mib": peak - base, "seconds": seconds}
     if flag.startswith("packing"):
         policy = _policy(args, vocab=args.vocab)
         rollouts = _batch(16, 256, 512, uneven=True, seed=1)
@@ -215,6 +234,40 @@ def part_packing_memory(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def part_chunked(args: argparse.Namespace) -> dict[str, Any]:
+    """Fresh-process updates, full logits against chunked, at each length (the sides alternating); per side a line
+    ``peak = a + b L`` fitted through its peaks and the longest ``L`` within ``--budget-gib``."""
+    lengths = [int(x) for x in args.lengths.split(",")]
+    runs: dict[str, dict[int, list[dict[str, float]]]] = {"full": {}, "auto": {}}
+    for r in range(args.repeats):
+        for length in lengths:
+            sides = [s for s in ("full", "auto") if s == "auto" or length <= args.full_max]
+            for side in (sides if r % 2 == 0 else sides[::-1]):
+                runs[side].setdefault(length, []).append(_child(args, f"chunked-{side}-{length}"))
+                print(f"chunked {side} L={length}: {runs[side][length][-1]}", flush=True)
+    out: dict[str, Any] = {}
+    for side, by_length in runs.items():
+        rows = {length: {"peak_rise_mib": _median([x["peak_rise_mib"] for x in v]),
+                         "seconds": _median([x["seconds"] for x in v])} for length, v in sorted(by_length.items())}
+        xs, ys = list(rows), [rows[x]["peak_rise_mib"] for x in rows]
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / max(sum((x - mx) ** 2 for x in xs), 1e-9)
+        intercept = my - slope * mx
+        out[side] = {"by_length": rows, "mib_per_token_of_length": slope, "intercept_mib": intercept,
+                     "longest_in_budget": int((args.budget_gib * 1024 - intercept) / slope) if slope > 0 else None}
+    common = [x for x in out["full"]["by_length"] if x in out["auto"]["by_length"]]
+    out["memory_ratio_auto_over_full"] = {x: out["auto"]["by_length"][x]["peak_rise_mib"]
+                                          / out["full"]["by_length"][x]["peak_rise_mib"] for x in common}
+    out["time_ratio_auto_over_full"] = {x: out["auto"]["by_length"][x]["seconds"]
+                                        / out["full"]["by_length"][x]["seconds"] for x in common}
+    out["setting"] = (f"{args.rows} sequences x (64 prompt + L completion) tokens, random Qwen2 hidden {args.hidden}, "
+                      f"{args.layers} layers, vocabulary {args.vocab}, one update over the whole batch (no "
+                      f"micro-batches), grpo loss, fp32, {args.threads} thread(s); peak: the rise of the process's "
+                      f"peak RSS over its RSS before the update")
+    out["raw"] = runs
+    return out
+
+
 def _step_time(args: argparse.Namespace, side: str, extra: list[str]) -> dict[str, Any]:
     out = Path("/tmp") / f"mt_{os.getpid()}_{side}.json"
     cmd = [sys.executable, str(REPO / "benchmarks" / "step_time_vs_trl.py"), "--order", side, "--rounds", "1",
@@ -260,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child_update(args, args.child)))
         return 0
     parts = {"update": part_update, "packing": part_packing, "packing_memory": part_packing_memory, "trl": part_trl,
-             "replay": part_replay}
+             "replay": part_replay, "chunked": part_chunked}
     results: dict[str, Any] = {"command": "python benchmarks/memory_throughput.py " + " ".join(sys.argv[1:]),
                                "accelerator": args.accelerator, "threads": args.threads}
     for name in args.parts.split(","):

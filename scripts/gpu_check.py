@@ -38,7 +38,12 @@ time in ten, which gives groups reward variance), and checks, printing one line 
    the flash kernel takes no mask): the loss and every gradient equal within 1e-4 relative (GPU matmuls reduce in
    other orders than the CPU's 1e-5), and the update's time and peak memory against per-row (goal: time <= 0.6x);
    on a GPU also with ``attn_implementation="flex_attention"``, whose ``BlockMask`` kernel skips the blocks no
-   query attends in (FlexAttention has no backward on a CPU).
+   query attends in (FlexAttention has no backward on a CPU);
+10. chunked log-probs (``model.optim.logprob_chunk_tokens``) at a real vocabulary: one update of a Qwen2 of the
+   check's body with Qwen2's 151,936-token vocabulary over 8 completions of 2,048 tokens (the CPU path: 4 of 128,
+   chunks of 64), full logits against ``auto`` chunks (441 positions), bf16 autocast on a GPU: the loss and every
+   gradient equal within 1e-2 relative on a GPU (bf16 logits rounded per chunk against whole) and 1e-5 on the CPU,
+   and the update's peak memory against the full logits' (goal: <= 0.5x on a GPU).
 
 Exit status 0 when every check passes.
 """
@@ -167,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     checks += reward_model_check(tiny, gpu)
     checks += server_check(a, tiny, gpu)
     checks += shared_prompt_check(tiny, gpu)
+    checks += chunked_logprobs_check(tiny, gpu)
 
     for name, ok, detail in checks:
         print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}")
@@ -416,6 +422,62 @@ def shared_prompt_check(tiny, gpu: bool) -> list[tuple[str, bool, str]]:
                        f"({ratio:.2f}x){memory}; largest relative gradient difference {worst:.1e}, loss {l_sh:.6f} "
                        f"vs {l_row:.6f}"))
     return checks
+
+
+def chunked_logprobs_check(tiny, gpu: bool) -> list[tuple[str, bool, str]]:
+    """Check 10: one update at Qwen2's vocabulary with the full logits and with chunked log-probs: equal gradients,
+    peak memory and time."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from lit_rlft.core.losses import GRPOLoss
+    from lit_rlft.core.types import Rollouts
+    from lit_rlft.step import TorchBackend
+    from lit_rlft.step.update import PolicyUpdater
+
+    device, vocab = ("cuda" if gpu else "cpu"), 151_936
+    B, G, P, C = (4, 2, 64, 2048) if gpu else (2, 2, 16, 128)
+    chunk = "auto" if gpu else 64
+    gen = torch.Generator().manual_seed(0)
+    config = Qwen2Config(vocab_size=vocab, hidden_size=tiny.hidden_size, intermediate_size=tiny.intermediate_size,
+                         num_hidden_layers=tiny.num_hidden_layers if gpu else 2,
+                         num_attention_heads=tiny.num_attention_heads, num_key_value_heads=tiny.num_key_value_heads,
+                         head_dim=tiny.head_dim, tie_word_embeddings=True)
+    prompts = torch.randint(3, vocab, (B, P), generator=gen).repeat_interleave(G, 0)
+    rewards = torch.tensor([[0.0, 1.0]] * B)
+    rollouts = Rollouts(prompt_ids=torch.arange(B), prompt_tokens=prompts, prompt_mask=torch.ones_like(prompts),
+                        completion_tokens=torch.randint(3, vocab, (B * G, C), generator=gen),
+                        completion_mask=torch.ones(B * G, C, dtype=torch.long), rewards=rewards, correct=rewards >= 1,
+                        birth_step=torch.zeros(B, dtype=torch.long), is_replay=torch.zeros(B, dtype=torch.bool),
+                        truncated=torch.ones(B * G, dtype=torch.bool))
+    advantages = (rewards - rewards.mean(1, keepdim=True)).flatten()
+    results = {}
+    for side in ("full", "chunked"):
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(config).to(device).train()
+        captured: dict[str, torch.Tensor] = {}
+        updater = PolicyUpdater(GRPOLoss(loss_type="dapo"), 1.0, shared_prompt=False,
+                                logprob_chunk_tokens=None if side == "full" else chunk)
+        if gpu:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=gpu):
+            out = updater.update(rollouts, advantages, TorchBackend(model, _GradientCapture(model, captured)))
+        if gpu:
+            torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() / 2**20 if gpu else float("nan")
+        results[side] = (time.perf_counter() - t0, peak, captured, float(out.metrics["loss"]))
+        del model
+    (t_full, m_full, g_full, l_full), (t_ch, m_ch, g_ch, l_ch) = results["full"], results["chunked"]
+    worst = max(float((g_ch[n] - g_full[n]).norm() / g_full[n].norm().clamp_min(1e-12)) for n in g_full)
+    tol = 1e-2 if gpu else 1e-5
+    ok = worst <= tol and abs(l_ch - l_full) <= tol * max(1.0, abs(l_full)) and (not gpu or m_ch <= 0.5 * m_full)
+    memory = f", peak memory {m_ch:.0f} vs {m_full:.0f} MiB ({m_ch / m_full:.2f}x)" if gpu else ""
+    return [("chunked log-probs at vocabulary 151,936", ok,
+             f"{B * G} completions of {C} tokens, chunks {chunk}: update {t_ch:.2f} vs {t_full:.2f} s full "
+             f"({t_ch / t_full:.2f}x){memory}; largest relative gradient difference {worst:.1e}, loss {l_ch:.6f} vs "
+             f"{l_full:.6f}")]
 
 
 class _GradientCapture:

@@ -191,6 +191,7 @@ def main() -> None:
     p.add_argument("--micro-batch-tokens", type=int, default=None)
     p.add_argument("--padding-free", action="store_true")
     p.add_argument("--shared-prompt", action="store_true", help="model.optim.shared_prompt: true")
+    p.add_argument("--logprob-chunk-tokens", type=int, default=None, help="model.optim.logprob_chunk_tokens")
     p.add_argument("--loss", default="", help="GRPOLoss options, key=value,key=value")
     p.add_argument("--val", type=int, default=0, help="held-out prompts, evaluated every 2 steps (0: none)")
     p.add_argument("--engine", choices=["hf", "vllm", "raise-on-rank-1", "servers"], default="hf")
@@ -241,7 +242,7 @@ def main() -> None:
         optim=OptimConfig(learning_rate=1e-3, micro_batch_size=a.micro_batch_size,
                           gradient_checkpointing=a.gradient_checkpointing,
                           micro_batch_tokens=a.micro_batch_tokens, padding_free=a.padding_free,
-                          shared_prompt=a.shared_prompt),
+                          shared_prompt=a.shared_prompt, logprob_chunk_tokens=a.logprob_chunk_tokens),
         lora=LoRAConfig(r=4, alpha=8) if a.lora else None,
     )
     if a.env != "none":
