@@ -19,7 +19,8 @@ Parts (``--parts``), each printed as a table and written to ``--out`` (JSON):
   positions per chunk at 151,936 tokens), each update in a fresh process, at ``--rows`` sequences of each length in
   ``--lengths``; the full side only up to ``--full-max`` tokens (its logits alone weigh ``rows x L x V x 4`` bytes,
   10 GB at 8 x 2,048). From a straight line through each side's peaks: the longest completion one update holds in
-  ``--budget-gib``.
+  ``--budget-gib``. ``--trl``: also TRL 1.16's way on the same batch and weights (its fused LM head, tiles of
+  4,096 tokens x 32,768 vocabulary entries; on a CPU it scores every position of prompt and completion).
 - ``trl``: whole GRPO steps, lit_rlft against TRL's ``GRPOTrainer`` (``benchmarks/step_time_vs_trl.py``, the same
   weights, prompts and settings on both sides), gradient checkpointing off on both and on on both; each side in a
   fresh process. Peak memory: on a GPU the max allocated during training; on CPU the rise of the resident set over
@@ -66,6 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--lengths", default="256,512,1024,2048", help="chunked: completion lengths")
     p.add_argument("--full-max", type=int, default=1024, help="chunked: longest completion the full side runs")
+    p.add_argument("--trl", action="store_true", help="chunked: also TRL 1.16's fused LM head on the same batch")
     p.add_argument("--budget-gib", type=float, default=8.0, help="chunked: the memory the longest update must fit")
     p.add_argument("--steps", type=int, default=5, help="trl / replay: steps per run (the first is discarded)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -139,6 +141,34 @@ def _update(args: argparse.Namespace, policy: Any, rollouts: Any, padding_free: 
     return time.perf_counter() - t0
 
 
+def _trl_update(policy: Any, rollouts: Any) -> float:
+    """Seconds of one update the way TRL 1.16's ``GRPOTrainer`` takes log-probs: its fused LM head
+    (``trl.trainer.utils.add_fused_lm_head``, the call its ``__init__`` makes: tiles of 4,096 tokens x 32,768 vocabulary
+    entries, online logsumexp, recomputed in the backward) and ``_get_per_token_logps_and_entropies``' call of it
+    (labels -100 outside the completions, ``fused_lm_head=True``), then the grpo loss and one SGD step."""
+    import torch
+    from trl.trainer.utils import add_fused_lm_head
+
+    add_fused_lm_head(policy, temperature=1.0, outputs=("log_probs", "entropy"))
+    opt = torch.optim.SGD(policy.parameters(), lr=1e-4)
+    prompt, comp = rollouts.prompt_tokens, rollouts.completion_tokens
+    mask = rollouts.completion_mask
+    input_ids = torch.cat([prompt, comp], dim=1)
+    attention = torch.cat([rollouts.prompt_mask, mask], dim=1)
+    length = comp.shape[1]
+    advantages = torch.tensor([-1.0, 1.0]).repeat(rollouts.num_groups)[:, None]
+    t0 = time.perf_counter()
+    labels = input_ids.masked_fill(attention == 0, -100)
+    labels[:, :-length] = -100
+    out = policy(input_ids=input_ids, attention_mask=attention, labels=labels, fused_lm_head=True)
+    logps = out.log_probs[:, -length:]  # [B, L]
+    per_token = -torch.exp(logps - logps.detach()) * advantages
+    loss = ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()  # grpo: sequence mean
+    loss.backward()
+    opt.step()
+    return time.perf_counter() - t0
+
+
 def child_update(args: argparse.Namespace, flag: str) -> dict[str, float]:
     """One update in this (fresh) process: its peak memory and seconds. ``flag``: ``update-off`` / ``update-on``
     (gradient checkpointing) or ``packing-padded`` / ``packing-packed`` (the uneven batch of ``packing``)."""
@@ -154,7 +184,10 @@ def child_update(args: argparse.Namespace, flag: str) -> dict[str, float]:
         policy = _policy(args, vocab=args.vocab)
         rollouts = _batch(args.rows, 64, int(length), uneven=False)
         base = rss_mib()
-        seconds = _update(args, policy, rollouts, logprob_chunk_tokens=None if side == "full" else "auto")
+        if side == "trl":
+            seconds = _trl_update(policy, rollouts)
+        else:
+            seconds = _update(args, policy, rollouts, logprob_chunk_tokens=None if side == "full" else "auto")
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         return {"peak_rise_mib": peak - base, "seconds": seconds}
     if flag.startswith("packing"):
@@ -238,28 +271,33 @@ def part_chunked(args: argparse.Namespace) -> dict[str, Any]:
     """Fresh-process updates, full logits against chunked, at each length (the sides alternating); per side a line
     ``peak = a + b L`` fitted through its peaks and the longest ``L`` within ``--budget-gib``."""
     lengths = [int(x) for x in args.lengths.split(",")]
-    runs: dict[str, dict[int, list[dict[str, float]]]] = {"full": {}, "auto": {}}
+    names = ("full", "auto", "trl") if args.trl else ("full", "auto")
+    runs: dict[str, dict[int, list[dict[str, float]]]] = {name: {} for name in names}
     for r in range(args.repeats):
         for length in lengths:
-            sides = [s for s in ("full", "auto") if s == "auto" or length <= args.full_max]
+            sides = [s for s in names if s != "full" or length <= args.full_max]
             for side in (sides if r % 2 == 0 else sides[::-1]):
                 runs[side].setdefault(length, []).append(_child(args, f"chunked-{side}-{length}"))
                 print(f"chunked {side} L={length}: {runs[side][length][-1]}", flush=True)
     out: dict[str, Any] = {}
     for side, by_length in runs.items():
+        if not by_length:  # --full-max below every length
+            continue
         rows = {length: {"peak_rise_mib": _median([x["peak_rise_mib"] for x in v]),
                          "seconds": _median([x["seconds"] for x in v])} for length, v in sorted(by_length.items())}
         xs, ys = list(rows), [rows[x]["peak_rise_mib"] for x in rows]
         mx, my = statistics.fmean(xs), statistics.fmean(ys)
-        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / max(sum((x - mx) ** 2 for x in xs), 1e-9)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs) if len(xs) > 1 \
+            else float("nan")  # one length: no line
         intercept = my - slope * mx
         out[side] = {"by_length": rows, "mib_per_token_of_length": slope, "intercept_mib": intercept,
                      "longest_in_budget": int((args.budget_gib * 1024 - intercept) / slope) if slope > 0 else None}
-    common = [x for x in out["full"]["by_length"] if x in out["auto"]["by_length"]]
-    out["memory_ratio_auto_over_full"] = {x: out["auto"]["by_length"][x]["peak_rise_mib"]
-                                          / out["full"]["by_length"][x]["peak_rise_mib"] for x in common}
-    out["time_ratio_auto_over_full"] = {x: out["auto"]["by_length"][x]["seconds"]
-                                        / out["full"]["by_length"][x]["seconds"] for x in common}
+    for other in [n for n in names if n != "auto" and n in out]:
+        common = [x for x in out[other]["by_length"] if x in out["auto"]["by_length"]]
+        out[f"memory_ratio_auto_over_{other}"] = {x: out["auto"]["by_length"][x]["peak_rise_mib"]
+                                                  / out[other]["by_length"][x]["peak_rise_mib"] for x in common}
+        out[f"time_ratio_auto_over_{other}"] = {x: out["auto"]["by_length"][x]["seconds"]
+                                                / out[other]["by_length"][x]["seconds"] for x in common}
     out["setting"] = (f"{args.rows} sequences x (64 prompt + L completion) tokens, random Qwen2 hidden {args.hidden}, "
                       f"{args.layers} layers, vocabulary {args.vocab}, one update over the whole batch (no "
                       f"micro-batches), grpo loss, fp32, {args.threads} thread(s); peak: the rise of the process's "
