@@ -414,8 +414,9 @@ def test_the_cli_trains_with_fsdp2_on_two_cpu_ranks_from_yaml(tmp_path):
 def test_the_gpu_check_script_runs_its_path_on_the_cpu(tmp_path):
     result = _command("scripts/gpu_check.py", "--accelerator", "cpu", "--hidden", "128", "--layers", "2",
                       "--steps", "2", "--batch-size", "4", "--out", str(tmp_path))
-    assert result.stdout.count("PASS") == 8 and "FAIL" not in result.stdout, result.stdout[-3000:]
+    assert result.stdout.count("PASS") == 9 and "FAIL" not in result.stdout, result.stdout[-3000:]
     assert "PASS shared-prompt passes (sdpa, dense mask): 4 groups x 4 of 64 + 16 tokens" in result.stdout
+    assert "PASS chunked log-probs at vocabulary 151,936: 4 completions of 128 tokens, chunks 64" in result.stdout
     assert "PASS generation server, depth 1: skipped: needs a GPU and vLLM" in result.stdout
     assert "PASS reward model batched by tokens: 512 texts" in result.stdout
     assert "PASS async depth 1 trains, one step stale: staleness per step [0.0, 1.0, 1.0, 1.0, 1.0, 1.0]" in result.stdout
