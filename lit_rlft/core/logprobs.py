@@ -146,12 +146,12 @@ def chunked_logprobs(hidden: Tensor, head: Callable[[Tensor], Tensor], targets: 
                          f"{tuple(targets.shape)}")
     if chunk_tokens < 1:
         raise ValueError(f"`chunk_tokens` must be >= 1, got {chunk_tokens}")
+    if temperature <= 0:
+        raise ValueError(f"`temperature` must be > 0, got {temperature!r}")
 
     def chunk(h: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
         logits = head(h)[None]  # [1, k, V]
-        if not with_entropy:
-            if temperature <= 0:
-                raise ValueError(f"`temperature` must be > 0, got {temperature!r}")
+        if not with_entropy:  # completion_logprobs' log-probs without its entropy pass
             scaled = logits / temperature if temperature != 1.0 else logits
             return selective_log_softmax(scaled, ids[None]).float()[0], ids.new_zeros(0, dtype=torch.float32)
         lp, ent = completion_logprobs(logits, ids[None], temperature, entropy_grad=entropy_grad)

@@ -81,6 +81,8 @@ def test_without_entropy_nothing_is_returned_and_bad_input_is_named():
     assert ent is None and lp.shape == (3,)
     with pytest.raises(ValueError, match="chunk_tokens"):
         chunked_logprobs(torch.randn(3, 4), head, torch.tensor([0, 5, 2]), chunk_tokens=0)
+    with pytest.raises(ValueError, match="temperature"):  # before any chunk, with or without entropies
+        chunked_logprobs(torch.randn(3, 4), head, torch.tensor([0, 5, 2]), temperature=0.0, with_entropy=False)
     with pytest.raises(ValueError, match=r"\[K, H\]"):
         chunked_logprobs(torch.randn(1, 3, 4), head, torch.tensor([0, 5, 2]))
 
