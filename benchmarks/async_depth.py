@@ -61,7 +61,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run(a: argparse.Namespace, depth: int) -> dict[str, Any]:
-    from lit_rlft import CountdownTask, GenerationConfig, GRPOConfig, OptimConfig, PromptDataModule, build_step
+    from lit_rlft import (
+        AsyncConfig,
+        CountdownTask,
+        GenerationConfig,
+        GRPOConfig,
+        OptimConfig,
+        PromptDataModule,
+        build_step,
+    )
     from lit_rlft.models.tiny import TinyConfig
     from lit_rlft.step import TorchBackend
     from lit_rlft.step.optim import configure_adamw
@@ -80,16 +88,16 @@ def run(a: argparse.Namespace, depth: int) -> dict[str, Any]:
                           intermediate_size=4 * hidden, head_dim=64)
     engine = None
     if a.engine == "vllm":
-        from lit_rlft.rollout.vllm import VLLMEngine
+        from lit_rlft.rollout.engines.vllm import VLLMEngine
 
         engine = VLLMEngine(dtype="float32", max_model_len=512, kv_cache_memory_bytes=256 * 2**20)
     gen_device = a.generation_device or ("cuda:1" if a.device.startswith("cuda") and torch.cuda.device_count() > 1
                                          else a.device)
     config = GRPOConfig(
         model=a.model, tiny=tiny, engine=engine, reward_funcs=["benchmarks.async_depth.coin_reward"],
-        generation=GenerationConfig(num_generations=a.generations, max_completion_length=a.max_new_tokens,
-                                    async_depth=depth, async_threads=generation_threads or None,
-                                    async_device=gen_device if depth else None),
+        generation=GenerationConfig(num_generations=a.generations, max_completion_length=a.max_new_tokens),
+        asynchronous=AsyncConfig(depth=depth, threads=generation_threads or None,
+                                 device=gen_device if depth else None),
         optim=OptimConfig(learning_rate=1e-5))
     step = build_step(config)
     step.policy.to(a.device)

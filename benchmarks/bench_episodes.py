@@ -56,10 +56,10 @@ def _setup(model_name: str, engine_name: str) -> tuple[Any, dict[str, Any]]:
     policy, _ = build_policy(model_name, "float32", None, None, reference=False)
     policy.eval()
     if engine_name == "hf":
-        from lit_rlft.rollout.hf import HFEngine
+        from lit_rlft.rollout.engines.hf import HFEngine
 
         return tok, {"episodes": HFEngine.bound(policy, tok)}
-    from lit_rlft.rollout.vllm import VLLMEngine
+    from lit_rlft.rollout.engines.vllm import VLLMEngine
 
     engines = {"episodes": VLLMEngine(dtype="float32", enable_prefix_caching=True, max_model_len=1024),
                "episodes_no_prefix_cache": VLLMEngine(dtype="float32", enable_prefix_caching=False,
@@ -97,7 +97,7 @@ class Ok(Environment):
 def run(model_name: str, prompts: int, G: int, turns: int, turn_tokens: int, repeats: int, engine_name: str = "hf",
         tools: bool = False, update: bool = False) -> dict:
     from lit_rlft.envs.formats import observation_format
-    from lit_rlft.rollout.base import SamplingConfig
+    from lit_rlft.rollout.engines.base import SamplingConfig
     from lit_rlft.rollout.episodes import EpisodeRunner
 
     tok, engines = _setup(model_name, engine_name)

@@ -122,7 +122,7 @@ def engines(a: argparse.Namespace, command: str) -> int:
     import torch
 
     from lit_rlft.rollout import HFEngine, SamplingConfig
-    from lit_rlft.rollout.vllm import VLLMEngine
+    from lit_rlft.rollout.engines.vllm import VLLMEngine
 
     torch.set_num_threads(a.threads)
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=a.max_new_tokens)
@@ -166,7 +166,7 @@ def engines(a: argparse.Namespace, command: str) -> int:
 
 def _chunks(engine: Any, lengths: list[int], max_new_tokens: int) -> list[list[int]]:
     """The row indices of each ``generate`` call ``engine`` makes for rows of prompt ``lengths``."""
-    from lit_rlft.rollout.hf import plan_chunks
+    from lit_rlft.rollout.engines.hf import plan_chunks
 
     if engine.max_batch_tokens is not None:
         return plan_chunks(lengths, max_new_tokens, engine.max_batch_tokens, engine.max_batch_size)
@@ -276,7 +276,7 @@ def lora_sync(a: argparse.Namespace, command: str) -> int:
 
     from lit_rlft.models.loading import LoRAConfig, apply_lora
     from lit_rlft.rollout import SamplingConfig
-    from lit_rlft.rollout.vllm import VLLMEngine
+    from lit_rlft.rollout.engines.vllm import VLLMEngine
 
     torch.set_num_threads(a.threads)
     T = a.max_new_tokens

@@ -14,7 +14,7 @@ seed before every call):
 - ``before``: the engine as it was before issue 37: every row's prompt prefilled and transformers' ``DynamicCache``,
   which copies the whole cache every decode step (what TRL's ``generate`` call does).
 - ``per_row``: ``HFEngine(shared_prefill=False)``: every row's prompt prefilled, the decode steps writing into a
-  :class:`~lit_rlft.rollout.kv_cache.ReservedCache`.
+  :class:`~lit_rlft.rollout.engines.kv_cache.ReservedCache`.
 - ``shared``: ``HFEngine()`` (the default): each group's prompt prefilled once, its KV cache copied to the ``G`` rows.
 - ``static`` (``--static-cache``): ``HFEngine(static_cache=True)``: a preallocated cache and a compiled decode step
   (the first call compiles; its time is reported apart and left out of the median).

@@ -44,8 +44,8 @@ def sample_data(warm: str, prompts: int, G: int, seed: int) -> list[dict]:
     from lit_rlft.data import CountdownTask
     from lit_rlft.models.loading import load_model, load_tokenizer_for
     from lit_rlft.rewards import countdown_reward
-    from lit_rlft.rollout.base import SamplingConfig
-    from lit_rlft.rollout.hf import HFEngine
+    from lit_rlft.rollout.engines.base import SamplingConfig
+    from lit_rlft.rollout.engines.hf import HFEngine
 
     tok = load_tokenizer_for(warm)
     engine = HFEngine()
@@ -142,8 +142,8 @@ def hacked_samples(warm: str, rm: Path, steps: int, n: int = 64, seed: int = 0) 
     from benchmarks.study.tasks import datamodule, pool_task
     from lit_rlft import GenerationConfig, GRPOLoss, GRPOModule, OptimConfig
     from lit_rlft.rewards import RewardModel, countdown_reward
-    from lit_rlft.rollout.base import SamplingConfig
-    from lit_rlft.rollout.hf import HFEngine
+    from lit_rlft.rollout.engines.base import SamplingConfig
+    from lit_rlft.rollout.engines.hf import HFEngine
 
     cfg = StudyConfig()
     L.seed_everything(seed, verbose=False)

@@ -14,7 +14,7 @@ changed as an update would change them, then pushed, each kind of push ``--round
 - ``changed, nothing``: changed-only with nothing changed (a push that only sets the version);
 - ``adapter`` (``--lora-rank``): a LoRA policy's adapters alone (``lora_sync: adapter``), against its merged weights.
 
-Each push is checked: the server's version is the one pushed. Seconds are pause to resume (``PushStats.seconds``),
+Each push is checked: the server's version is the one pushed. Seconds are pause to resume (``SyncStats.seconds``),
 bytes what was sent.
 
 ``step``: the plain loop (``build_step`` + ``TorchBackend``) on the tiny policy at depth 0 and depth 1 with one local
@@ -56,7 +56,7 @@ def _policy(model: str) -> tuple[torch.nn.Module, Any]:
 
 
 def _server(folder: str, **kw: Any) -> Any:
-    from lit_rlft.rollout.vllm_server import VLLMServer
+    from lit_rlft.rollout.servers.launcher import VLLMServer
 
     return VLLMServer(folder, port=0, api_key=KEY, sync_token=TOKEN, dtype="float32", max_model_len=256,
                       kv_cache_memory_bytes=64 * 2**20, cpu_threads_bind="0", **kw).start()
@@ -74,8 +74,8 @@ def _nudge(policy: torch.nn.Module, layers: str) -> None:
 
 def sync(a: argparse.Namespace) -> dict[str, Any]:
     from lit_rlft.models.export import hf_weights, save_hf_checkpoint
-    from lit_rlft.rollout.server_calls import call
-    from lit_rlft.rollout.weight_sync import WeightSync
+    from lit_rlft.rollout.servers.calls import call
+    from lit_rlft.rollout.servers.weight_sync import WeightSync
 
     policy, tok = _policy(a.model)
     folder = tempfile.mkdtemp(prefix="lit_rlft_bench_servers_")
@@ -88,13 +88,13 @@ def sync(a: argparse.Namespace) -> dict[str, Any]:
         with WeightSync([server.url], "127.0.0.1:0", TOKEN, api_key=KEY, timeout_s=600.0) as ws:
             ws.connect()
             version = 0
-            ws.push(lambda: hf_weights(policy), version, full=True)  # the run's first push (not timed)
+            ws.sync_weights(lambda: hf_weights(policy), version, full=True)  # the run's first push (not timed)
             for _ in range(a.rounds):
                 for kind in kinds:
                     version += 1
                     if kind != "changed, nothing":
                         _nudge(policy, "top" if kind == "changed, top 2 layers" else "all")
-                    stats = ws.push(lambda: hf_weights(policy), version, full=kind == "full")
+                    stats = ws.sync_weights(lambda: hf_weights(policy), version, full=kind == "full")
                     info = call(server.url, "/weight_info", timeout_s=30, action="checking", method="GET")
                     assert str(info.get("weight_version")) == str(version), info
                     rows[kind].append({"seconds": stats.seconds, "bytes": stats.bytes, "tensors": stats.tensors})
@@ -113,9 +113,9 @@ def sync(a: argparse.Namespace) -> dict[str, Any]:
 
 def _adapter(a: argparse.Namespace, ws: Any, policy: torch.nn.Module, version: int) -> dict[str, list]:
     """The same policy with LoRA adapters: the adapters alone against the merged weights."""
+    from lit_rlft.models.adapters import adapter_config_dict, adapter_weights, lora_config
     from lit_rlft.models.export import hf_weights
     from lit_rlft.models.loading import LoRAConfig, apply_lora
-    from lit_rlft.rollout.vllm import adapter_config_dict, adapter_weights, lora_config
 
     peft = apply_lora(policy, LoRAConfig(r=a.lora_rank, alpha=2 * a.lora_rank))
     rows: dict[str, list] = {"adapter": [], "merged (LoRA)": []}
@@ -124,20 +124,28 @@ def _adapter(a: argparse.Namespace, ws: Any, policy: torch.nn.Module, version: i
             with torch.no_grad():
                 p.add_(1e-3 * torch.randn_like(p))
         version += 1
-        stats = ws.push_adapter(adapter_weights(peft, torch.float32), adapter_config_dict(lora_config(peft)), version)
+        stats = ws.sync_adapter(adapter_weights(peft, torch.float32), adapter_config_dict(lora_config(peft)), version)
         rows["adapter"].append({"seconds": stats.seconds, "bytes": stats.bytes, "tensors": stats.tensors})
         version += 1
-        stats = ws.push(lambda: hf_weights(peft), version, full=True)
+        stats = ws.sync_weights(lambda: hf_weights(peft), version, full=True)
         rows["merged (LoRA)"].append({"seconds": stats.seconds, "bytes": stats.bytes, "tensors": stats.tensors})
         print(f"adapter {rows['adapter'][-1]}, merged {rows['merged (LoRA)'][-1]}", flush=True)
     return rows
 
 
 def step(a: argparse.Namespace) -> dict[str, Any]:
-    from lit_rlft import CountdownTask, GenerationConfig, GRPOConfig, OptimConfig, PromptDataModule, build_step
+    from lit_rlft import (
+        AsyncConfig,
+        CountdownTask,
+        GenerationConfig,
+        GRPOConfig,
+        OptimConfig,
+        PromptDataModule,
+        build_step,
+    )
     from lit_rlft.models.export import save_hf_checkpoint
     from lit_rlft.rollout import ServerEngine
-    from lit_rlft.rollout.vllm import VLLMEngine
+    from lit_rlft.rollout.engines.vllm import VLLMEngine
     from lit_rlft.step import TorchBackend
     from lit_rlft.step.optim import configure_adamw
 
@@ -157,8 +165,8 @@ def step(a: argparse.Namespace) -> dict[str, Any]:
                                                          sync_token=TOKEN, timeout_s=600.0)
                 config = GRPOConfig(model="tiny", engine=engine, reward_funcs=["benchmarks.servers.coin_reward"],
                                     generation=GenerationConfig(num_generations=a.generations,
-                                                                max_completion_length=a.max_new_tokens,
-                                                                async_depth=depth),
+                                                                max_completion_length=a.max_new_tokens),
+                                    asynchronous=AsyncConfig(depth=depth),
                                     optim=OptimConfig(learning_rate=1e-5))
                 st = build_step(config)
                 data = PromptDataModule(train=CountdownTask(size=2000, split="train", seed=0), answer_field=None,

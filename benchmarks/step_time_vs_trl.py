@@ -244,7 +244,7 @@ def run_lit(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[
 
     engine = HFEngine(shared_prefill=not args.no_shared_prefill)
     if args.engine == "vllm":
-        from lit_rlft.rollout.vllm import VLLMEngine
+        from lit_rlft.rollout.engines.vllm import VLLMEngine
 
         engine = VLLMEngine(dtype="float32", max_model_len=512)
     module = GRPOModule(

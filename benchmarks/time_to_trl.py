@@ -15,7 +15,8 @@ their mean at or before their end, so TRL is no longer charged its whole budget)
 Writes ``<out>/time_to_trl.json`` (the study's summary, ``"format": 2``), the study's own ``report.md`` and figures,
 and prints the table. ``benchmarks/results/time_to_trl_*.json`` recorded before the product (format 1: lit_rlft's
 clock started before ``fit``, TRL's at ``on_train_begin``, TRL charged its whole training time) are still rendered
-as they were recorded (:func:`table`).
+as they were recorded (:func:`table`). The tables are the study library's (:mod:`benchmarks.study.trl_tables`,
+which the pages render the recorded ones with); ``table`` and ``result_table`` are importable from here too.
 """
 
 from __future__ import annotations
@@ -24,47 +25,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.study.config import STRATEGIES, StudyConfig  # noqa: E402
+from benchmarks.study.trl_tables import result_table, table  # noqa: E402, F401 (table: re-exported)
 
 ACCURACY = "val/accuracy/learnable"
-
-
-def table(summary: dict[str, Any]) -> str:
-    """The table of a format-1 record (made before the product; kept as it was recorded)."""
-    per_seed = ", ".join(f"{a:.3f}" for a in summary["trl_final_accuracy_per_seed"])
-    lines = [f"TRL's final held-out accuracy (3 and 4 numbers): {summary['trl_final_accuracy']:.3f} (per seed {per_seed}) "
-             f"after {summary['trl_completions']:,.0f} completions and {summary['trl_train_wall_s']:.0f} s of training.", "",
-             "| lit_rlft | final accuracy | minus TRL's (paired) | reached TRL's (seeds) | completions to it "
-             "(x TRL's) | training wall-clock to it (x TRL's) | training wall-clock for the budget (x TRL's) |",
-             "|---|---|---|---|---|---|---|"]
-    trl_wall = summary["trl_train_wall_s"]
-    for name, a in summary["arms"].items():
-        comps = (f"{a['median_completions']:,.0f} ({a['completions_ratio_to_trl']:.2f}x)"
-                 if a["median_completions"] is not None else "never")
-        wall = (f"{a['median_wall_s']:.1f} s ({a['wall_ratio_to_trl']:.2f}x)" if a["median_wall_s"] is not None
-                else "never")
-        d = a["final_diff_vs_trl"]
-        diff = (f"{d['mean']:+.3f}" + (f" [{d['low']:+.3f}, {d['high']:+.3f}]" if d["low"] is not None else ""))
-        lines.append(f"| {name} | {a['final_accuracy']:.3f} | {diff} | {a['reached']}/{a['seeds']} | {comps} | {wall} "
-                     f"| {a['train_wall_s']:.0f} s ({a['train_wall_s'] / trl_wall:.2f}x) |")
-    return "\n".join(lines)
-
-
-def result_table(result: dict[str, Any]) -> str:
-    """The table of a ``time_to_trl.json``: format 2 (the product's summary) or a format-1 record."""
-    if result.get("format") != 2:
-        return table(result["summary"])
-    from lit_rlft.study.report import main_rows, verdicts
-
-    summary = result["summary"]
-    arms = ["trl", "uniform", *result["recipes"]]
-    return "\n".join([*verdicts(summary, arms), "", *main_rows(summary, arms)])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

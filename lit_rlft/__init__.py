@@ -60,6 +60,7 @@ _EXPORTS: dict[str, str] = {
     "RolloutEngine": "lit_rlft.rollout",
     "RolloutWorker": "lit_rlft.rollout",
     "SamplingConfig": "lit_rlft.rollout",
+    "AsyncConfig": "lit_rlft.step",
     "EpisodeConfig": "lit_rlft.step",
     "GenerationConfig": "lit_rlft.step",
     "GRPOConfig": "lit_rlft.step",
@@ -75,7 +76,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
-    "AllocationCallback", "ArithmeticTask", "BatchCompositionLogger", "BatchPlan", "CompletionLogger", "CountdownTask", "DOTSCallback",
+    "AllocationCallback", "ArithmeticTask", "AsyncConfig", "BatchCompositionLogger", "BatchPlan", "CompletionLogger", "CountdownTask", "DOTSCallback",
     "DPSCallback", "DifficultyPredictorConfig", "DynamicSamplingCallback", "EnvStep", "Environment", "EpisodeConfig",
     "FabricLoop", "GuessNumberEnv", "GuessNumberTask", "ToolEnvironment", "GRESOCallback", "GRPOLoss",
     "GRPOConfig", "GRPOModule", "GRPOStep", "GenerationConfig", "HFEngine", "HistoryResamplingCallback", "MoPPSCallback", "LoRAConfig", "OptimConfig", "OutcomeRecord", "PolicyUpdater", "PromptDataModule",
@@ -130,6 +131,7 @@ if TYPE_CHECKING:  # what static analysers and IDEs see: the eager imports
     from lit_rlft.rewards.runner import RewardRunner
     from lit_rlft.rollout import HFEngine, RolloutEngine, RolloutWorker, SamplingConfig
     from lit_rlft.step import (
+        AsyncConfig,
         EpisodeConfig,
         GenerationConfig,
         GRPOConfig,

@@ -264,7 +264,15 @@ def server_check(a: argparse.Namespace, tiny, gpu: bool) -> list[tuple[str, bool
 
     if not gpu or importlib.util.find_spec("vllm") is None:
         return [("generation server, depth 1", True, "skipped: needs a GPU and vLLM (pip install 'lit_rlft[vllm]')")]
-    from lit_rlft import CountdownTask, GenerationConfig, GRPOConfig, OptimConfig, PromptDataModule, build_step
+    from lit_rlft import (
+        AsyncConfig,
+        CountdownTask,
+        GenerationConfig,
+        GRPOConfig,
+        OptimConfig,
+        PromptDataModule,
+        build_step,
+    )
     from lit_rlft.models.export import save_hf_checkpoint
     from lit_rlft.models.tiny import char_tokenizer, tiny_qwen2
     from lit_rlft.rollout import ServerEngine, VLLMServer
@@ -283,7 +291,8 @@ def server_check(a: argparse.Namespace, tiny, gpu: bool) -> list[tuple[str, bool
         server.start()
         engine = ServerEngine([server.url], rendezvous="127.0.0.1:0", sync_token=server.sync_token, backend=backend)
         config = GRPOConfig(model="tiny", tiny=tiny, engine=engine, reward_funcs=["lit_rlft.rewards.countdown_reward"],
-                            generation=GenerationConfig(num_generations=8, max_completion_length=64, async_depth=1),
+                            generation=GenerationConfig(num_generations=8, max_completion_length=64),
+                            asynchronous=AsyncConfig(depth=1),
                             optim=OptimConfig(learning_rate=1e-5))
         step = build_step(config)
         step.policy.to("cuda:0")

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from lit_rlft import CountdownTask, GenerationConfig, GRPOModule, LoRAConfig, OptimConfig, PromptDataModule
-    from lit_rlft.rollout.vllm import VLLMEngine
+    from lit_rlft.rollout.engines.vllm import VLLMEngine
 
     gpu = a.accelerator == "gpu"
     if gpu and not torch.cuda.is_available():

@@ -56,7 +56,7 @@ srun --nodes=1 --ntasks=8 --gpus-per-node=8 -w "$TRAINER" .venv/bin/lit-rlft fit
     --model.engine.urls "$SERVERS" \
     --model.engine.rendezvous "$RENDEZVOUS" \
     --model.engine.lora_sync adapter \
-    --model.generation.async_depth 1 \
+    --model.asynchronous.depth 1 \
     --trainer.default_root_dir runs/math_servers \
     --trainer.logger.init_args.save_dir runs/math_servers
 kill $(jobs -p) 2>/dev/null || true   # stop the servers' srun steps (they would end with the job anyway)

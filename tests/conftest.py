@@ -20,11 +20,12 @@ TINY_SMALL = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 
 
 def tiny_settings(**overrides):
     """The settings of a GRPO step on the tiny policy; ``overrides`` may use the flat option names
-    (``learning_rate=...``), which are nested into ``generation`` / ``loss`` / ``optim`` here."""
+    (``learning_rate=...``), which are nested into ``generation`` / ``loss`` / ``optim`` here, and ``async_*``
+    (``async_depth=1``), which become ``asynchronous``'s fields."""
     import dataclasses
 
     from lit_rlft.models.tiny import TinyConfig
-    from lit_rlft.step.config import GenerationConfig, OptimConfig, nest_flat_options
+    from lit_rlft.step.config import AsyncConfig, GenerationConfig, OptimConfig, nest_flat_options
 
     kwargs = dict(model="tiny", tiny=TinyConfig(**TINY_SMALL), reward_funcs=["lit_rlft.rewards.countdown_reward"],
                   num_generations=4, max_completion_length=8, learning_rate=1e-2)
@@ -33,7 +34,10 @@ def tiny_settings(**overrides):
                                                                             "top_k", "max_completion_length", "seed"}
     extra = {k: kwargs.pop(k) for k in list(kwargs) if k in generation}  # keys newer than 0.2's flat ones
     optim = {k: kwargs.pop(k) for k in list(kwargs) if k in ("shared_prompt",)}
+    asynchronous = {k[len("async_"):]: kwargs.pop(k) for k in list(kwargs) if k.startswith("async_")}
     out = nest_flat_options(kwargs)
+    if asynchronous:
+        out["asynchronous"] = AsyncConfig(**asynchronous)
     if extra:
         out["generation"] = dataclasses.replace(out.get("generation") or GenerationConfig(), **extra)
     if optim:

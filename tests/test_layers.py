@@ -1,21 +1,32 @@
 """The layers of docs/design.md hold: imports point down only, and Lightning stays in its adapters.
 
 Every ``lit_rlft`` import of every module is read from its source (``import`` statements anywhere in the file,
-type-checking imports included), so a helper put in the wrong place fails here, naming the file and the import."""
+type-checking imports included), so a helper put in the wrong place fails here, naming the file and the import.
+
+``benchmarks/`` sits on top of the package, in two layers: ``benchmarks/study/`` (the Countdown study and the
+generators of its pages) is the library the benchmark scripts ``benchmarks/<name>.py`` use. ``lit_rlft`` never
+imports ``benchmarks``; no module of ``benchmarks/study/`` imports a script (what a script and the study share lives
+in the study); a script may import the study and another script. No file-level import circle among the modules of
+``benchmarks/``, and none of them imports another module's private (``_``) name."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO
 
 PACKAGE = REPO / "lit_rlft"
+BENCHMARKS = REPO / "benchmarks"
+#: The benchmarks' library (the layer below the scripts ``benchmarks/<name>.py``).
+BENCHMARK_LIBRARY = BENCHMARKS / "study"
 
 #: Bottom first; a package may import its own layer's packages only where listed in SIDEWAYS, and any lower layer.
 LAYERS: list[set[str]] = [
-    {"core"},
+    {"core", "runtime"},
     {"selection"},
     {"models", "rewards"},
     {"rollout", "data", "envs"},
@@ -96,25 +107,33 @@ def _module_name(path) -> str:
     return ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
 
 
-def _import_graph() -> dict[str, set[str]]:
-    """``module -> the lit_rlft modules it imports`` (every import in the file, type-checking ones included).
-    ``from package import name`` counts the module ``package.name`` where there is one (``from lit_rlft.models import
-    smollm2``), else the package's ``__init__`` (which re-exports ``name``)."""
-    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
-    graph: dict[str, set[str]] = {}
-    for name, path in paths.items():
-        deps = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in paths else node.module
-                           for alias in node.names]
-            elif isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
+def _imported(path: Path, name: str, modules: set[str] | dict[str, Path]) -> Iterator[tuple[int, str]]:
+    """``(line, imported module)`` of every import in ``path`` (the module ``name``), anywhere in the file, relative
+    imports resolved. ``from package import name`` gives the module ``package.name`` where it is one of ``modules``
+    (``from lit_rlft.models import smollm2``), else ``package`` (whose ``__init__`` re-exports ``name``)."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - (node.level - 1)]
+                module = ".".join([*base, node.module] if node.module else base)
+            elif node.module:
+                module = node.module
             else:
                 continue
-            deps.update(t for t in targets if t in paths and t != name)
-        graph[name] = deps
-    return graph
+            for alias in node.names:
+                yield node.lineno, f"{module}.{alias.name}" if f"{module}.{alias.name}" in modules else module
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+
+
+def _import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """``module -> the modules under root it imports`` (every import in the file, function-level and type-checking
+    ones included; :func:`_imported`), for every module under ``root`` (``lit_rlft`` or ``benchmarks``)."""
+    paths = {_module_name(p): p for p in root.rglob("*.py")}
+    return {name: {t for _, t in _imported(path, name, paths) if t in paths and t != name}
+            for name, path in paths.items()}
 
 
 def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -171,3 +190,57 @@ def test_the_circle_finder_finds_a_circle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
     assert _circles(graph) == [["a", "b", "c"]]
     assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_file_level_import_circle_in_the_benchmarks():
+    """As :func:`test_no_file_level_import_circle`, among the modules of ``benchmarks/`` (scripts and study)."""
+    circles = _circles(_import_graph(BENCHMARKS))
+    assert not circles, "import circles in benchmarks/:\n" + "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_the_benchmarks_import_graph_sees_the_benchmarks():
+    """The circle test above reads real modules and their imports: a circle added to them is found."""
+    graph = _import_graph(BENCHMARKS)
+    assert {"benchmarks.study.docs", "benchmarks.study.passes", "benchmarks.time_to_trl"} <= set(graph)
+    assert "benchmarks.study.passes" in graph["benchmarks.study.docs"]
+    assert "benchmarks.study.recorded" in graph["benchmarks.study.passes"]  # a function-level import
+    assert "benchmarks.study.trl_tables" in graph["benchmarks.time_to_trl"]
+    back = {**graph, "benchmarks.study.passes": graph["benchmarks.study.passes"] | {"benchmarks.study.docs"}}
+    assert ["benchmarks.study.docs", "benchmarks.study.passes"] in _circles(back)
+
+
+def test_lit_rlft_never_imports_the_benchmarks():
+    """The package is below its benchmarks: no file of ``lit_rlft`` imports ``benchmarks`` (anywhere in the file)."""
+    paths = sorted(PACKAGE.rglob("*.py"))
+    assert len(paths) > 100
+    bad = [f"{p.relative_to(REPO)} line {line}: {module}" for p in paths for line, module in _imports(p)
+           if module.split(".")[0] == "benchmarks"]
+    assert not bad, "lit_rlft imports benchmarks:\n" + "\n".join(bad)
+
+
+def test_the_benchmarks_library_imports_no_script():
+    """No module of ``benchmarks/study/`` imports a benchmark script ``benchmarks/<name>.py``: what the study and a
+    script share lives in the study (the time-to-TRL tables: :mod:`benchmarks.study.trl_tables`)."""
+    scripts = {_module_name(p) for p in BENCHMARKS.glob("*.py") if p.name != "__init__.py"}
+    assert "benchmarks.time_to_trl" in scripts
+    modules = {_module_name(p) for p in BENCHMARKS.rglob("*.py")}
+    paths = sorted(BENCHMARK_LIBRARY.rglob("*.py"))
+    assert BENCHMARK_LIBRARY / "docs.py" in paths
+    bad = [f"{p.relative_to(REPO)} line {line}: {module}" for p in paths
+           for line, module in _imported(p, _module_name(p), modules) if module in scripts]
+    assert not bad, "benchmarks/study imports a script (move what they share into benchmarks/study):\n" + "\n".join(bad)
+
+
+def test_the_benchmarks_import_no_private_name():
+    """No module of ``benchmarks/`` imports another module's private name (``from m import _helper``), nor binds an
+    import to a private name (``import table as _table``): a helper two modules share is public where it lives."""
+    bad = []
+    for path in sorted(BENCHMARKS.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import | ast.ImportFrom) and getattr(node, "module", None) != "__future__":
+                for alias in node.names:
+                    name = alias.name.split(".")[-1]
+                    if (name.startswith("_") and not name.startswith("__")) or (alias.asname or "").startswith("_"):
+                        bad.append(f"{path.relative_to(REPO)} line {node.lineno}: {alias.name}"
+                                   + (f" as {alias.asname}" if alias.asname else ""))
+    assert not bad, "private names imported:\n" + "\n".join(bad)

@@ -16,8 +16,9 @@ and evaluation of :meth:`StudyConfig.study_settings`; the runs, the evaluator, r
 summaries are the product's. What is the Countdown study's own is here: :mod:`~benchmarks.study.config`
 (``StudyConfig``, ``RunSpec``, the targets and comparisons), ``tasks`` (pool, held-out set), ``warm_start``,
 ``degeneracy`` and ``rollouts`` (each pool's degenerate groups under the warm start), ``study`` (end to end),
-``report`` (results.md), ``cli``, ``recorded`` (a recorded study read back), ``passes`` and ``docs`` (the generated
-parts of ``docs/results.md`` and the README).
+``report`` (results.md), ``cli``, ``recorded`` (a recorded study read back), ``trl_tables`` (the time-to-TRL
+tables), ``passes`` and ``docs`` (the generated parts of ``docs/results.md`` and the README). This package is the
+library of the benchmark scripts (``benchmarks/<name>.py``): none of its modules imports a script.
 
 Design of the full study (``StudyConfig()`` defaults)
 ----------------------------------------------------

@@ -104,7 +104,7 @@ class StudyConfig(StrategySettings):
     epsilon: float = 0.2
     adam_betas: tuple[float, float] = (0.9, 0.99)
     max_grad_norm: float = 1.0
-    async_depth: int = 0  # model.generation.async_depth: batches generated ahead, in a process of one thread
+    async_depth: int = 0  # model.asynchronous.depth: batches generated ahead, in a process of one thread
     # -- budget and evaluation -------------------------------------------------------------------------------
     budget_completions: int = 38_400
     num_evals: int = 6
@@ -230,8 +230,8 @@ class StudyConfig(StrategySettings):
             reward_funcs=[reward], scale_rewards=self.scale_rewards,
             generation={"num_generations": self.num_generations, "temperature": self.temperature,
                         "max_completion_length": self.max_completion_length,
-                        "eval_num_generations": self.eval_num_generations, "async_depth": self.async_depth,
-                        "async_threads": 1},
+                        "eval_num_generations": self.eval_num_generations},
+            asynchronous={"depth": self.async_depth, "threads": 1},
             loss={"loss_type": self.loss_type, "epsilon": self.epsilon, "beta": 0.0},
             optim={"learning_rate": self.learning_rate, "adam_betas": list(self.adam_betas),
                    "warmup_steps": self.warmup_steps, "max_grad_norm": self.max_grad_norm})

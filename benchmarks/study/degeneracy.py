@@ -28,8 +28,8 @@ def measure_degeneracy(cfg: StudyConfig, pool_size: int, warm_start: str, thread
 
     from lit_rlft.models.loading import load_policy
     from lit_rlft.models.tiny import TinyConfig
-    from lit_rlft.rollout.base import SamplingConfig
-    from lit_rlft.rollout.hf import HFEngine
+    from lit_rlft.rollout.engines.base import SamplingConfig
+    from lit_rlft.rollout.engines.hf import HFEngine
 
     torch.set_num_threads(threads)
     t0 = time.perf_counter()

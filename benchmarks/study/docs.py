@@ -30,9 +30,9 @@ from benchmarks.study.passes import block as passes_block
 from benchmarks.study.passes import policy_lines
 from benchmarks.study.recorded import STUDY_JSON, load_study
 from benchmarks.study.report import baseline_final_lines, results_markdown, settings_lines
+from benchmarks.study.trl_tables import result_table
 from lit_rlft.study.jsonio import read_json
-from lit_rlft.study.report import at_marks_rows
-from lit_rlft.study.report import table as _table
+from lit_rlft.study.report import at_marks_rows, table
 from lit_rlft.study.strategies import settings_match, strategy_settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,13 +53,11 @@ def _at_marks_block(cfg: StudyConfig, study: dict[str, Any]) -> list[str]:
     rows: list[list[str]] = []
     for size in cfg.pool_sizes:
         rows += [[f"{size:,}", *row] for row in at_marks_rows(study["pools"][str(size)], list(AT_MARKS_STRATEGIES))]
-    return _table(["pool", "strategy", *[f"{m:,}" for m in cfg.eval_marks()]], rows)
+    return table(["pool", "strategy", *[f"{m:,}" for m in cfg.eval_marks()]], rows)
 
 
 def time_to_trl_lines(path: Path) -> list[str]:
     """A recorded ``time_to_trl.json``'s table, with its command and seeds."""
-    from benchmarks.time_to_trl import result_table
-
     result = read_json(path)
     if result is None:
         raise FileNotFoundError(f"{path}: missing or unreadable")

@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.study.config import StudyConfig
-from lit_rlft.study.report import DASH, at_marks_rows, fmt_mean, fmt_ratio, fmt_value, pct, settings_rows
-from lit_rlft.study.report import table as _table
+from lit_rlft.study.report import DASH, at_marks_rows, fmt_mean, fmt_ratio, fmt_value, pct, settings_rows, table
 
 __all__ = ["at_marks_rows", "baseline_final_lines", "degeneracy_lines", "results_markdown", "settings_lines"]
 
@@ -28,7 +27,7 @@ def degeneracy_lines(degeneracy: dict[str, Any]) -> list[str]:
                    if composition else "")
         lines += [f"Pool {size}{made_of}, {d['sampled']} prompts x G={d['G']} under the warm start, T=1: {verdict} "
                   f"the 'at least {target:.0%} degenerate' target{hint}.", "",
-                  *_table(["numbers", "prompts", "all correct", "all wrong", "mixed", "degenerate"], rows), ""]
+                  *table(["numbers", "prompts", "all correct", "all wrong", "mixed", "degenerate"], rows), ""]
     return lines
 
 
@@ -39,9 +38,9 @@ def main_lines(pool: dict[str, Any], strategies: list[str]) -> list[str]:
              fmt_mean(t[s]["final_accuracy"]), fmt_mean(t[s]["final"]["train_reward"]),
              fmt_mean(t[s]["final_diff"]["train_reward"], 3, True), fmt_mean(t[s]["mean_effective_ratio"]),
              fmt_mean(t[s]["steps"], 0), fmt_mean(t[s]["train_wall_s"], 0)] for s in strategies if s in t]
-    return _table(["strategy", "runs", "final held-out acc 3+4", "minus uniform's (paired)", "final held-out acc (all)",
-                   "final train-pool reward", "minus uniform's (paired)", "mean effective ratio", "steps",
-                   "train wall s"], rows)
+    return table(["strategy", "runs", "final held-out acc 3+4", "minus uniform's (paired)", "final held-out acc (all)",
+                  "final train-pool reward", "minus uniform's (paired)", "mean effective ratio", "steps",
+                  "train wall s"], rows)
 
 
 def cost_lines(pool: dict[str, Any], strategies: list[str]) -> list[str]:
@@ -57,8 +56,8 @@ def cost_lines(pool: dict[str, Any], strategies: list[str]) -> list[str]:
                      fmt_ratio(v["accuracy"]["step"]), fmt_ratio(v["accuracy"]["wall_s"]),
                      f"{r['train_reward']}/{n}", fmt_ratio(v["train_reward"]["completions"]),
                      fmt_ratio(v["train_reward"]["step"]), fmt_ratio(v["train_reward"]["wall_s"])])
-    return _table(["strategy", "reached acc target", "rollouts (acc)", "steps (acc)", "wall (acc)",
-                   "reached reward target", "rollouts (reward)", "steps (reward)", "wall (reward)"], rows)
+    return table(["strategy", "reached acc target", "rollouts (acc)", "steps (acc)", "wall (acc)",
+                  "reached reward target", "rollouts (reward)", "steps (reward)", "wall (reward)"], rows)
 
 
 def comparison_lines(pool: dict[str, Any]) -> list[str]:
@@ -67,8 +66,8 @@ def comparison_lines(pool: dict[str, Any]) -> list[str]:
         for kind in ("accuracy", "train_reward"):
             rows.append([name.replace("_vs_", " / "), kind, fmt_mean(c[kind].get("final_diff"), 3, True),
                          fmt_ratio(c[kind]["completions"]), fmt_ratio(c[kind]["step"]), fmt_ratio(c[kind]["wall_s"])])
-    return _table(["pair", "target", "final difference at equal rollouts (paired)", "rollouts to target (ratio)",
-                   "steps (ratio)", "wall time (ratio)"], rows) if rows else []
+    return table(["pair", "target", "final difference at equal rollouts (paired)", "rollouts to target (ratio)",
+                  "steps (ratio)", "wall time (ratio)"], rows) if rows else []
 
 
 def diagnostic_lines(pool: dict[str, Any], strategies: list[str]) -> list[str]:
@@ -77,10 +76,10 @@ def diagnostic_lines(pool: dict[str, Any], strategies: list[str]) -> list[str]:
              fmt_mean(t[s]["dots_pearson"]), fmt_mean(t[s].get("dots_reference_pearson")),
              fmt_mean(t[s]["cold_start_pearson"]), fmt_mean(t[s]["dps_accuracy"]), fmt_mean(t[s]["overhead_share"], 4),
              fmt_mean(t[s]["non_train_share"])] for s in strategies if s in t]
-    return _table(["strategy", "effective ratio / uniform's", "fresh-batch effective ratio",
-                   "DOTS Pearson (selected batch)", "DOTS Pearson (new reference set, out of sample)",
-                   "cold-start Pearson (selected batch)", "DPS prediction accuracy",
-                   "selection overhead share of step time", "share of completions not for training"], rows)
+    return table(["strategy", "effective ratio / uniform's", "fresh-batch effective ratio",
+                  "DOTS Pearson (selected batch)", "DOTS Pearson (new reference set, out of sample)",
+                  "cold-start Pearson (selected batch)", "DPS prediction accuracy",
+                  "selection overhead share of step time", "share of completions not for training"], rows)
 
 
 def composition_lines(pool: dict[str, Any], strategies: list[str]) -> list[str]:
@@ -98,8 +97,8 @@ def composition_lines(pool: dict[str, Any], strategies: list[str]) -> list[str]:
         rows.append([s, *[pct(c["share"].get(b)) for b in buckets], *[pct(c["effective_share"].get(b)) for b in buckets],
                      fmt_mean(t[s].get("distinct_prompts"), 0), fmt_mean(t[s].get("repeat_share"))])
     names = [b.replace("difficulty_", "") + (" numbers" if b.startswith("difficulty_") else "") for b in buckets]
-    return _table(["strategy", *[f"share {n}" for n in names], *[f"informative share {n}" for n in names],
-                   "distinct prompts trained", "fresh prompts trained before (share)"], rows)
+    return table(["strategy", *[f"share {n}" for n in names], *[f"informative share {n}" for n in names],
+                  "distinct prompts trained", "fresh prompts trained before (share)"], rows)
 
 
 def sweep_lines(pools: dict[str, Any], strategies: list[str]) -> list[str]:
@@ -112,7 +111,7 @@ def sweep_lines(pools: dict[str, Any], strategies: list[str]) -> list[str]:
                      *[fmt_mean(pools[s]["strategies"].get(st, {}).get("final", {}).get("train_reward")) for s in sizes],
                      *[fmt_ratio(pools[s]["strategies"][st]["vs_baseline"]["accuracy"]["completions"])
                        if st in pools[s]["strategies"] else DASH for s in sizes]])
-    return _table(header, rows)
+    return table(header, rows)
 
 
 # -- what ran -----------------------------------------------------------------------------------------------------
@@ -196,7 +195,7 @@ def baseline_final_lines(cfg: StudyConfig, pool: dict[str, Any], size: str, stra
     for b, t in tables.items():
         target = DASH if t["target"] is None else f"{t['target']:.3f}"
         header += [f"reached {b}'s final ({target})", f"completions / {b}'s"]
-    lines += [*_table(header, summary_rows), ""]
+    lines += [*table(header, summary_rows), ""]
     for b, t in tables.items():
         if t["target"] is None:
             continue
@@ -211,7 +210,7 @@ def baseline_final_lines(cfg: StudyConfig, pool: dict[str, Any], size: str, stra
             rows.append([s, *[_ratio_cell(by_seed[x]) if x in by_seed else DASH for x in seeds],
                          fmt_ratio(row["summary"])])
         lines += [f"Per seed, against {b} (target {t['target']:.3f}). {_spacing_text(cfg, denominators)}", "",
-                  *_table(["strategy", *[f"seed {x}" for x in seeds], "geometric mean [95% interval]"], rows), ""]
+                  *table(["strategy", *[f"seed {x}" for x in seeds], "geometric mean [95% interval]"], rows), ""]
     return lines
 
 
@@ -219,7 +218,7 @@ def at_marks_lines(pool: dict[str, Any], strategies: list[str]) -> list[str]:
     """:func:`at_marks_rows` as a table (empty without the figures)."""
     at = pool.get("at_marks")
     rows = at_marks_rows(pool, strategies)
-    return _table(["strategy", *[f"{m:,}" for m in at["marks"]]], rows) if at and rows else []
+    return table(["strategy", *[f"{m:,}" for m in at["marks"]]], rows) if at and rows else []
 
 
 def pool_lines(cfg: StudyConfig, pool: dict[str, Any], size: str, strategies: list[str], title: str) -> list[str]:

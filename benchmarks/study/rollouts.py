@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from lit_rlft.rewards.runner import RewardRunner, resolve_reward
-from lit_rlft.rollout.base import SamplingConfig
+from lit_rlft.rollout.engines.base import SamplingConfig
 
 REWARD = "lit_rlft.rewards.countdown_reward"
 

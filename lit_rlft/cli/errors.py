@@ -33,6 +33,7 @@ _LITERAL = re.compile(r"^typing\.Literal\[(?P<choices>.*)\]$")
 _UNION_NOISE = ("Does not validate against", "Subtypes:", "Errors:", "Given value", "Not a valid subclass",
                 "Subclass types expect")
 _SCOPE_OPTION = re.compile(r"(?P<kind>Group|Subcommand) '(?P<scope>[^']+)' does not accept option '(?P<opt>[^']+)'")
+_UNKNOWN_IN_GROUP = re.compile(r"^unknown option '(\w+)'")
 _UNRECOGNIZED = re.compile(r"unrecognized arguments: --(?P<opt>[\w.-]+)")
 
 
@@ -50,6 +51,9 @@ def condense_parser_error(message: str, prog: str = "lit-rlft", options: list[st
     key = _KEY.match(lines[0].strip())
     cls, detail = _reason(_block(lines, 0) if key else lines)
     where = key["key"] if key else ""
+    unknown = _UNKNOWN_IN_GROUP.match(detail)
+    if unknown and where.startswith("model.") and (moved := moved_key_message(f"{where[len('model.'):]}.{unknown[1]}")):
+        return moved  # a key of a nested config that moved to another group
     if cls:
         where = f"{where} ({cls})" if where else cls
     return f"{where}: {detail}" if where else detail
@@ -65,8 +69,8 @@ def _unknown_option(text: str, prog: str, options: list[str]) -> str:
     else:
         return text
     group, _, wrong = option.rpartition(".")
-    if group == "model" and (moved := moved_key_message(wrong)):
-        return moved  # a key of lit_rlft 0.2 that now sits in a nested config
+    if option.startswith("model.") and (moved := moved_key_message(option[len("model."):])):
+        return moved  # a key of lit_rlft 0.2 or 0.3 that now sits in another config group
     prefix = f"{group}." if group else ""
     names = sorted({o[len(prefix) :].split(".")[0] for o in options if o.startswith(prefix)})
     close = difflib.get_close_matches(wrong, names, n=1)

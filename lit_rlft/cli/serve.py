@@ -4,7 +4,7 @@
         --api-key "$KEY" --sync-rendezvous 127.0.0.1:29600 -- --max-model-len 2048
 
 It runs vLLM's own OpenAI-compatible server (with lit_rlft's worker extension, see
-:class:`~lit_rlft.rollout.vllm_server.VLLMServer`) in this environment, prints its URL and pid once it answers
+:class:`~lit_rlft.rollout.servers.launcher.VLLMServer`) in this environment, prints its URL and pid once it answers
 ``/health``, and stops it on Ctrl-C. Arguments after ``--`` go to vLLM as they are. The sync token comes from
 ``--sync-token`` or ``LIT_RLFT_SYNC_TOKEN`` (the environment keeps it out of ``ps``); without either a random one is
 made and printed.
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from lit_rlft.rollout.weight_group import TOKEN_ENV
+from lit_rlft.rollout.servers.weight_group import TOKEN_ENV
 
 #: What a missing vLLM is told to use (the CPU build lives in its own environment).
 VLLM_HINT = ("vLLM is not importable in this environment ({python}). On CPU: `make vllm-env`, then run "
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
         fail(VLLM_HINT.format(python=sys.executable))
     if not Path(args.model, "config.json").is_file():
         fail(f"--model: {args.model} is not an HF model folder (no config.json)")
-    from lit_rlft.rollout.vllm_server import ServerStartError, VLLMServer
+    from lit_rlft.rollout.servers.launcher import ServerStartError, VLLMServer
 
     token = args.sync_token or os.environ.get(TOKEN_ENV)
     server = VLLMServer(args.model, host=args.host, port=args.port,

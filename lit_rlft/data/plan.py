@@ -72,7 +72,7 @@ class BatchPlan:
         if ids.size < self.batch_size:
             raise RuntimeError(f"the training pool ({self.num_prompts} prompts, {len(self.in_flight)} in flight) has "
                                f"too few prompts left for a batch of {self.batch_size}: lower "
-                               "model.generation.async_depth or data.batch_size")
+                               "model.asynchronous.depth or data.batch_size")
         return ids
 
     def draw_unused(self, n: int, used: set[int], max_tries: int = 4) -> np.ndarray:

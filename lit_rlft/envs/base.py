@@ -7,7 +7,7 @@ become the next context, or the end of the episode, with a reward when the envir
 Environments are **stateless**: ``step(messages, row)`` receives the whole episode after the prompt (the policy's
 turns as ``{"role": "assistant", "content": text}`` and the observations the environment gave before) and the
 prompt's data-set row, and derives what it needs from them. This is what lets every call run in a worker process
-that can be killed on a timeout and replaced (:mod:`lit_rlft.core.pool`), lets a resumed run continue without
+that can be killed on a timeout and replaced (:mod:`lit_rlft.runtime.worker_pool`), lets a resumed run continue without
 hidden state, and lets any two episodes share an environment object. The environment object reaches the workers by
 fork; it must not hold open sockets, threads or CUDA state.
 

@@ -35,8 +35,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lit_rlft.core.imports import import_object
 from lit_rlft.envs.base import Environment, EnvStep, Message
+from lit_rlft.runtime.imports import import_object
 
 __all__ = [
     "NETWORK_DISABLED_MESSAGE",

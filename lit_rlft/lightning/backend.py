@@ -1,11 +1,12 @@
 """How the policy updater optimises under Lightning: one :class:`~lit_rlft.step.update.UpdateBackend` for the
 Trainer (manual optimisation) and for Fabric, which differ only in how backward runs and how DDP's gradient sync is
-skipped. Plain PyTorch uses :class:`~lit_rlft.step.update.TorchBackend`.
+skipped. It is a :class:`~lit_rlft.step.update.TorchBackend` (plain PyTorch's backend, which steps, zeroes and clips)
+that backpropagates and skips the gradient sync the strategy's way and clips the precision plugin's gradients.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
@@ -13,13 +14,16 @@ import torch
 from torch import Tensor, nn
 
 from lit_rlft.models.sharding import data_parallel_mesh, fsdp_no_sync, is_sharded
-from lit_rlft.step.update import clip_grad_norm
+from lit_rlft.step.update import TorchBackend
 
 __all__ = ["LightningBackend", "fsdp2_mesh", "no_gradient_sync"]
 
 
-class LightningBackend:
+class LightningBackend(TorchBackend):
     """The updater's backend under the Trainer or Fabric (build it with :meth:`for_trainer` / :meth:`for_fabric`).
+
+    Stepping, ``zero_grad`` and clipping are :class:`~lit_rlft.step.update.TorchBackend`'s; backward, the gradient
+    sync, which gradients are clipped at which scale and the learning rate are the strategy's and the plugin's.
 
     Args:
         model: what the training forward calls: the policy (Trainer: DDP wraps the LightningModule, whose
@@ -35,8 +39,8 @@ class LightningBackend:
     def __init__(self, model: nn.Module, policy: nn.Module, optimizer: Any, scheduler: Any, precision: Any,
                  backward: Callable[[Tensor], None], ddp_no_sync: Callable[[], AbstractContextManager] | None,
                  device: torch.device):
-        self._model, self.policy, self.optimizer, self.scheduler = model, policy, optimizer, scheduler
-        self.precision, self._backward, self._ddp_no_sync, self._device = precision, backward, ddp_no_sync, device
+        super().__init__(model, optimizer, scheduler, device)
+        self.policy, self.precision, self._backward, self._ddp_no_sync = policy, precision, backward, ddp_no_sync
 
     @classmethod
     def for_trainer(cls, module: Any) -> LightningBackend:
@@ -55,45 +59,29 @@ class LightningBackend:
         return cls(model, policy, optimizer, scheduler, fabric.strategy.precision,
                    lambda loss: fabric.backward(loss, model=model), sync, fabric.device)
 
-    @property
-    def model(self) -> nn.Module:
-        return self._model
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
-
     def backward(self, loss: Tensor) -> None:
         self._backward(loss)
 
     def no_sync(self) -> AbstractContextManager:
         return no_gradient_sync(self.policy, self._ddp_no_sync)
 
-    def clip_grad_norm(self, max_norm: float) -> float:
-        # Under 16-mixed the gradients are still scaled here (the scaler unscales inside optimizer.step): clipping
-        # them at the scaled threshold is exactly clipping the unscaled gradients at `max_norm`.
-        scale = self._grad_scale()
-        inner = getattr(self.optimizer, "optimizer", self.optimizer)
-        params = [p for p in self.precision.main_params(inner) if p.grad is not None]
-        return clip_grad_norm(params, max_norm * scale) / scale
+    def _grad_params(self) -> Iterable[nn.Parameter]:
+        """The precision plugin's main parameters of the optimizer Lightning's wrapper holds."""
+        return self.precision.main_params(getattr(self.optimizer, "optimizer", self.optimizer))
+
+    def _grad_scale(self) -> float:
+        """Under 16-mixed the gradients are still scaled when clipped (the scaler unscales inside
+        ``optimizer.step``): the scaler's scale, else 1."""
+        scaler = getattr(self.precision, "scaler", None)
+        return float(scaler.get_scale()) if scaler is not None else 1.0
 
     @property
     def scaler_skips_nonfinite(self) -> bool:
         """Under 16-mixed the GradScaler skips steps with infinite gradients itself (and lowers its scale)."""
         return getattr(self.precision, "scaler", None) is not None
 
-    def _grad_scale(self) -> float:
-        scaler = getattr(self.precision, "scaler", None)
-        return float(scaler.get_scale()) if scaler is not None else 1.0
-
-    def optimizer_step(self) -> None:
-        self.optimizer.step()
-        self.scheduler.step()
-
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-
     def learning_rate(self) -> float:
+        """The scheduler's last learning rate (the first param group's)."""
         return float(self.scheduler.get_last_lr()[0])
 
 

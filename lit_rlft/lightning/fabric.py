@@ -27,7 +27,6 @@ from typing import Any
 import lightning as L
 from torch import nn
 
-from lit_rlft.core.distributed import get_collective
 from lit_rlft.lightning.backend import LightningBackend
 from lit_rlft.lightning.checkpointing import (
     check_checkpoint,
@@ -40,6 +39,7 @@ from lit_rlft.lightning.checkpointing import (
 )
 from lit_rlft.lightning.module import log_text
 from lit_rlft.models.sharding import data_parallel_mesh, fully_shard_policy, is_sharded
+from lit_rlft.runtime.distributed import get_collective
 from lit_rlft.step.builder import build_models, build_step
 from lit_rlft.step.config import GRPOConfig
 from lit_rlft.step.context import StepOutput

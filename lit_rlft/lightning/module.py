@@ -20,7 +20,6 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lit_rlft.callbacks.base import as_trainer_output
 from lit_rlft.core.advantages import ScaleRewards
-from lit_rlft.core.distributed import get_collective
 from lit_rlft.core.losses import GRPOLoss
 from lit_rlft.envs.base import Environment
 from lit_rlft.lightning.backend import LightningBackend, fsdp2_mesh
@@ -30,9 +29,17 @@ from lit_rlft.models.loading import LoRAConfig
 from lit_rlft.models.sharding import is_sharded
 from lit_rlft.models.tiny import TinyConfig
 from lit_rlft.rewards.runner import RewardFunc
-from lit_rlft.rollout.base import RolloutEngine
+from lit_rlft.rollout.engines.base import RolloutEngine
+from lit_rlft.runtime.distributed import get_collective
 from lit_rlft.step.builder import build_models, build_step
-from lit_rlft.step.config import EpisodeConfig, GenerationConfig, GRPOConfig, OptimConfig, merge_moved_keys
+from lit_rlft.step.config import (
+    AsyncConfig,
+    EpisodeConfig,
+    GenerationConfig,
+    GRPOConfig,
+    OptimConfig,
+    merge_moved_keys,
+)
 from lit_rlft.step.optim import configure_adamw
 
 
@@ -50,6 +57,7 @@ class GRPOModule(L.LightningModule):
         reward_workers: int | None = None,
         success_threshold: float = 1.0,
         generation: GenerationConfig | None = None,
+        asynchronous: AsyncConfig | None = None,
         loss: GRPOLoss | None = None,
         optim: OptimConfig | None = None,
         scale_rewards: ScaleRewards = "group",
@@ -64,7 +72,7 @@ class GRPOModule(L.LightningModule):
         self.config = GRPOConfig(
             model=model, tiny=tiny, dtype=dtype, lora=lora, engine=engine, reward_funcs=reward_funcs,
             reward_weights=reward_weights, reward_timeout_s=reward_timeout_s, reward_workers=reward_workers,
-            success_threshold=success_threshold, generation=generation, loss=loss, optim=optim,
+            success_threshold=success_threshold, generation=generation, asynchronous=asynchronous, loss=loss, optim=optim,
             scale_rewards=scale_rewards, environment=environment, episodes=episodes)
         # Plain types only: Lightning loads checkpoints with weights_only=True, which refuses dataclasses.
         self.save_hyperparameters(self.config.plain())

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lit_rlft.core.distributed import Collective, LocalCollective, padded_shard
+from lit_rlft.runtime.distributed import Collective, LocalCollective, padded_shard
 
 POOLING = "mean-last-hidden-v1"  # part of the cache key: bump when the pooling changes
 

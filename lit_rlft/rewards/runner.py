@@ -2,7 +2,7 @@
 
 A reward function follows TRL's convention: ``fn(completions: list[str], **columns) -> list[float | None]``.
 Training must go on when a reward function misbehaves on one completion, so the runner scores each completion on
-its own, in worker processes (:mod:`lit_rlft.core.pool`): a completion whose scoring raises, runs past
+its own, in worker processes (:mod:`lit_rlft.runtime.worker_pool`): a completion whose scoring raises, runs past
 ``timeout_s`` or gives None / NaN / inf scores the fallback (0) alone and is counted. A function that returns the
 wrong number of scores, or a non-number, breaks the contract itself and raises ``ValueError``.
 
@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from lit_rlft.core.imports import import_object
-from lit_rlft.core.pool import CONTRACT, ERROR, OK, TIMEOUT, Job, JobResult, WorkerPool
 from lit_rlft.rewards.batched import Failure, ScoreCache, is_batched, score_batched
 from lit_rlft.rewards.scoring import score_job, split_rows
+from lit_rlft.runtime.imports import import_object
+from lit_rlft.runtime.worker_pool import CONTRACT, ERROR, OK, TIMEOUT, Job, JobResult, WorkerPool
 
 __all__ = ["RewardFunc", "RewardResult", "RewardRunner", "resolve_reward", "reward_name"]
 
@@ -157,7 +157,7 @@ class RewardRunner:
     Every (function, completion) pair is scored on its own (the function is called with one-element lists), so a
     completion that makes a function raise, run past ``timeout_s`` or return None / NaN / inf scores ``fallback``
     alone, is counted, and changes no other completion's score. With ``timeout_s`` set, the calls run in worker
-    processes (:class:`~lit_rlft.core.pool.WorkerPool`, started on first use and reused) and a call past the
+    processes (:class:`~lit_rlft.runtime.worker_pool.WorkerPool`, started on first use and reused) and a call past the
     bound has its process killed and replaced: the bound is real, and nothing keeps running after it.
 
     Args:
@@ -383,7 +383,7 @@ class RewardRunner:
         """Stop the worker processes; idempotent (call it any number of times), and a later call starts them again.
 
         Not calling it leaks nothing: the workers are also stopped when the runner is garbage-collected, at
-        interpreter exit, and they die with this process however it ends (see :mod:`lit_rlft.core.pool`).
+        interpreter exit, and they die with this process however it ends (see :mod:`lit_rlft.runtime.worker_pool`).
         """
         if self.pool is not None:
             self.pool.close()

@@ -1,7 +1,7 @@
-"""One reward function on one completion, as a job of the worker pool (:mod:`lit_rlft.core.pool`).
+"""One reward function on one completion, as a job of the worker pool (:mod:`lit_rlft.runtime.worker_pool`).
 
 :class:`~lit_rlft.rewards.runner.RewardRunner` scores every (function, completion) pair on its own: a
-:class:`~lit_rlft.core.pool.Job` whose ``row`` holds the completion's data-set columns as one-element lists
+:class:`~lit_rlft.runtime.worker_pool.Job` whose ``row`` holds the completion's data-set columns as one-element lists
 (:func:`split_rows`), run by :func:`score_job` in a worker process (or inline, without a time bound).
 """
 
@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from lit_rlft.core.pool import CONTRACT, ERROR, OK, Job, JobResult
+from lit_rlft.runtime.worker_pool import CONTRACT, ERROR, OK, Job, JobResult
 
 __all__ = ["score_job", "split_rows"]
 

@@ -1,20 +1,23 @@
-"""Rollout engines behind one interface, the worker that generates and scores with one, and the rollout sources a
-step holds (one interface, :class:`RolloutSource`: in process, a generation process, or vLLM servers). vLLM is imported lazily in
-``rollout/vllm.py`` only."""
+"""Where rollouts are made, one room a concern:
 
-from lit_rlft.rollout.base import GenerationOutput, RolloutEngine, SamplingConfig
-from lit_rlft.rollout.generation_process import GenerationError, ProcessRollouts
-from lit_rlft.rollout.hf import HFEngine
-from lit_rlft.rollout.in_process import InProcessRollouts
+- ``source.py``: the interface a step holds (:class:`RolloutSource`, with :class:`RolloutRequest` and
+  :class:`RolloutReply`); ``worker.py``: the :class:`RolloutWorker` that generates and scores with an engine;
+  ``episodes.py``: multi-turn episodes; ``judge.py``: an engine as an LLM judge.
+- ``engines/``: the engines (:class:`HFEngine`, :class:`VLLMEngine`) behind :class:`RolloutEngine`.
+- ``sources/``: the worker-backed sources on this machine (:class:`InProcessRollouts`, :class:`ProcessRollouts`).
+- ``servers/``: vLLM servers (:class:`ServerEngine`, :class:`ServerRollouts`, :class:`WeightSync`,
+  :class:`VLLMServer`, the vLLM worker extension).
+
+vLLM is imported on first use only (``engines/vllm.py``; on the servers' side, inside their processes)."""
+
+from lit_rlft.rollout.engines import GenerationOutput, HFEngine, RolloutEngine, SamplingConfig, VLLMEngine
 from lit_rlft.rollout.judge import EngineJudge
-from lit_rlft.rollout.server_rollouts import ServerRollouts
-from lit_rlft.rollout.servers import ServerEngine, ServerError
+from lit_rlft.rollout.servers import ServerEngine, ServerError, ServerRollouts, VLLMServer, WeightSync, WeightSyncError
 from lit_rlft.rollout.source import PromptSource, RolloutReply, RolloutRequest, RolloutSource
-from lit_rlft.rollout.vllm_server import VLLMServer
-from lit_rlft.rollout.weight_sync import WeightSync, WeightSyncError
+from lit_rlft.rollout.sources import GenerationError, InProcessRollouts, ProcessRollouts
 from lit_rlft.rollout.worker import RolloutWorker
 
 __all__ = ["EngineJudge", "GenerationError", "GenerationOutput", "HFEngine", "InProcessRollouts", "ProcessRollouts",
            "PromptSource", "RolloutEngine", "RolloutReply", "RolloutRequest", "RolloutSource", "RolloutWorker",
-           "SamplingConfig", "ServerEngine", "ServerError", "ServerRollouts", "VLLMServer", "WeightSync",
+           "SamplingConfig", "ServerEngine", "ServerError", "ServerRollouts", "VLLMEngine", "VLLMServer", "WeightSync",
            "WeightSyncError"]

@@ -7,7 +7,7 @@ exactly as a single-turn rollout makes it (``G`` samples per prompt, the call's 
 completions are the single-turn ones, token for token. Each later turn is one batched call over the episodes still
 going (one sample each, from ``prompt + episode so far``; engines that cache prefixes reuse them), seeded from
 ``(seed, turn)``. After every turn the environment's :meth:`~lit_rlft.envs.Environment.step` runs for every episode
-that turn extended, in worker processes that are killed and replaced on a timeout (:mod:`lit_rlft.core.pool`): a
+that turn extended, in worker processes that are killed and replaced on a timeout (:mod:`lit_rlft.runtime.worker_pool`): a
 step that raises or hangs gives that episode an error message and the episode goes on; nothing else is affected.
 
 An episode ends when the environment says so, after ``max_turns`` turns, when its token budget is spent (``max_tokens``
@@ -20,7 +20,7 @@ Under a sharded policy (FSDP, where every ``generate`` call is a collective) the
 whether any of them still has an episode going (one all-reduce); a rank whose episodes have all ended makes a
 throw-away one-token call meanwhile, so episodes may end at different turns on different ranks.
 
-The output is a :class:`~lit_rlft.rollout.base.GenerationOutput` over the whole episodes: ``completion_mask`` marks
+The output is a :class:`~lit_rlft.rollout.engines.base.GenerationOutput` over the whole episodes: ``completion_mask`` marks
 every token after the prompt (the policy's and the observations'), ``policy_mask`` the policy's own (1) against the
 observations (0), ``logprobs`` the engine's sampling log-probs on the policy's tokens (0 on observations).
 """
@@ -36,10 +36,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from lit_rlft.core.pool import ERROR, OK, TIMEOUT, Job, JobResult, WorkerPool
 from lit_rlft.envs.base import Environment, EnvStep, Message
 from lit_rlft.envs.formats import ObservationFormat
-from lit_rlft.rollout.base import GenerationOutput, RolloutEngine, SamplingConfig
+from lit_rlft.rollout.engines.base import GenerationOutput, RolloutEngine, SamplingConfig
+from lit_rlft.runtime.worker_pool import ERROR, OK, TIMEOUT, Job, JobResult, WorkerPool
 
 __all__ = ["EpisodeOutput", "EpisodeRunner", "step_job"]
 

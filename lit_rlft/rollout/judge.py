@@ -22,7 +22,7 @@ class EngineJudge:
     Args:
         model: a causal LM checkpoint directory, a hub name where reachable, or a built ``nn.Module``.
         tokenizer: its tokenizer (default: the one saved with ``model``); its chat template is used when it has one.
-        engine: a :class:`~lit_rlft.rollout.base.RolloutEngine` (default ``HFEngine()``), set up with the judge model.
+        engine: a :class:`~lit_rlft.rollout.engines.base.RolloutEngine` (default ``HFEngine()``), set up with the judge model.
         max_new_tokens: the judgement's length bound.
         temperature: sampling temperature (engines sample; a small value is nearly greedy).
         system_prompt: an optional system message (chat template only).
@@ -35,7 +35,7 @@ class EngineJudge:
     def __init__(self, model: str | nn.Module, tokenizer: Any = None, *, engine: Any = None, max_new_tokens: int = 64,
                  temperature: float = 0.01, system_prompt: str | None = None, device: str | None = None,
                  seed: int = 0) -> None:
-        from lit_rlft.rollout.base import SamplingConfig
+        from lit_rlft.rollout.engines.base import SamplingConfig
 
         if isinstance(model, str):
             from lit_rlft.models.loading import load_model, load_tokenizer_for
@@ -54,7 +54,7 @@ class EngineJudge:
         self.model = model.eval().requires_grad_(False).to(self.device)
         self.tokenizer = tokenizer
         if engine is None:
-            from lit_rlft.rollout.hf import HFEngine
+            from lit_rlft.rollout.engines.hf import HFEngine
 
             engine = HFEngine()
         self.engine = engine

@@ -5,10 +5,11 @@ kind it is.
     source.submit(request)             # a planned training batch; returns at once
     reply = source.receive()           # the oldest batch submitted: its rollouts and outcomes (waits, bounded)
     reply = source.rollout(request)    # now, after what is in flight: refill rounds, reference sets, validation
-    source.push(policy, version)       # requests submitted from now on sample from these weights
+    source.sync_weights(policy, version)       # requests submitted from now on sample from these weights
     source.close()                     # idempotent; a later request starts what it needs again
 
-A source makes this rank's rollouts and nothing else: it holds no data, knows no ranks, plans and budgets. A request
+A source makes this rank's rollouts and nothing else: it holds no data, plans or budgets, and knows the ranks only
+through :meth:`RolloutSource.bind_ranks` (what the servers' source needs to send the weights once for every rank). A request
 carries this rank's prompts already rendered (token ids, texts, reward columns), the sampling and the seed; a reply
 carries the scored :class:`~lit_rlft.core.types.Rollouts` (``birth_step``: the version of the weights that sampled
 them), the scorer's failure counts and the episodes' sums. Sharding over ranks, gathering the outcomes, charging the
@@ -17,11 +18,11 @@ written once for every kind (:mod:`lit_rlft.step.sharded`).
 
 Kinds (a new kind is a new file implementing the Protocol, never a branch in the step):
 
-- :class:`~lit_rlft.rollout.in_process.InProcessRollouts`: the engine in the trainer's process, on the trainer's own
-  policy (``model.generation.async_depth = 0``).
-- :class:`~lit_rlft.rollout.generation_process.ProcessRollouts`: a generation process beside the trainer, with its own
+- :class:`~lit_rlft.rollout.sources.in_process.InProcessRollouts`: the engine in the trainer's process, on the trainer's own
+  policy (``model.asynchronous.depth = 0``).
+- :class:`~lit_rlft.rollout.sources.process.ProcessRollouts`: a generation process beside the trainer, with its own
   copy of the weights pushed through shared memory (``async_depth = k``).
-- :class:`~lit_rlft.rollout.server_rollouts.ServerRollouts`: vLLM servers on this machine or others (``lit-rlft
+- :class:`~lit_rlft.rollout.servers.source.ServerRollouts`: vLLM servers on this machine or others (``lit-rlft
   serve``), weights pushed over a ``torch.distributed`` group (``model.engine: ServerEngine``, any depth).
 
 Notation: ``b`` prompts of this rank, ``G`` completions per prompt.
@@ -40,7 +41,8 @@ if TYPE_CHECKING:
     from lit_rlft.core.types import Rollouts
     from lit_rlft.rewards.runner import RewardResult
     from lit_rlft.rewards.scorer import Scorer
-    from lit_rlft.rollout.base import SamplingConfig
+    from lit_rlft.rollout.engines.base import SamplingConfig
+    from lit_rlft.runtime.distributed import Ranks
 
 __all__ = ["PromptSource", "RolloutReply", "RolloutRequest", "RolloutSource"]
 
@@ -107,6 +109,12 @@ class RolloutSource(Protocol):
     rewards: Scorer
     """The scorer of the completions it makes (setting it before the source starts replaces it)."""
 
+    def bind_ranks(self, ranks: Ranks) -> None:
+        """The trainer's ranks (the step's collective), given by the sharded layer when the step is bound, before
+        any request. A source that samples per rank ignores them; one shared by the ranks (generation servers) uses
+        them: rank 0 alone sends the weights, and the ranks meet before and after a push."""
+        ...
+
     def attach(self, policy: nn.Module) -> None:
         """Sample from ``policy`` (built, and sharded if it is): set the engine up on it, or copy its weights when the
         source starts. Called once per policy."""
@@ -124,7 +132,7 @@ class RolloutSource(Protocol):
         """Roll ``request`` out now (after what is queued) and wait for its reply (bounded)."""
         ...
 
-    def push(self, policy: nn.Module, version: int, full: bool = False) -> None:
+    def sync_weights(self, policy: nn.Module, version: int, full: bool = False) -> None:
         """Requests made from now on sample from ``policy``'s weights, ``version`` (updates made): its trainable
         parameters, or with ``full`` every parameter and buffer (the weights changed other than by training: a
         checkpoint was loaded). Every rank calls it (an FSDP2 shard is gathered)."""
@@ -136,7 +144,7 @@ class RolloutSource(Protocol):
         ...
 
     @property
-    def last_push_bytes(self) -> int | None:
+    def last_sync_bytes(self) -> int | None:
         """Bytes the last :meth:`push` sent to weights of the source's own (None: it samples from the policy)."""
         ...
 

@@ -22,7 +22,7 @@ import torch
 
 from lit_rlft.core.types import Rollouts, left_pad
 from lit_rlft.rewards.scorer import Scorer, as_scorer
-from lit_rlft.rollout.base import GenerationOutput, RolloutEngine, SamplingConfig
+from lit_rlft.rollout.engines.base import GenerationOutput, RolloutEngine, SamplingConfig
 from lit_rlft.rollout.episodes import EpisodeRunner
 from lit_rlft.rollout.source import RolloutReply, RolloutRequest
 
@@ -39,7 +39,7 @@ class RolloutWorker:
     """Generate ``G`` completions per prompt with an engine and score them with the reward functions.
 
     Args:
-        engine: a :class:`~lit_rlft.rollout.base.RolloutEngine` already ``setup`` with the policy.
+        engine: a :class:`~lit_rlft.rollout.engines.base.RolloutEngine` already ``setup`` with the policy.
         rewards: the :class:`~lit_rlft.rewards.scorer.Scorer` (a :class:`~lit_rlft.rewards.runner.RewardRunner`), or a
             plain ``(completions [N], columns) -> RewardResult`` callable (wrapped by ``as_scorer``).
         tokenizer: decodes completions for the reward functions.

@@ -161,7 +161,7 @@ def allowed_ids(num_prompts: int, exclude: np.ndarray | None, need: int) -> np.n
     ids = np.setdiff1d(np.arange(num_prompts, dtype=np.int64), np.asarray(exclude, dtype=np.int64))
     if ids.size < need:
         raise ValueError(f"only {ids.size} of {num_prompts} prompts are not in flight, fewer than the {need} to "
-                         "select: lower model.generation.async_depth or the batch size")
+                         "select: lower model.asynchronous.depth or the batch size")
     return ids
 
 
@@ -176,7 +176,7 @@ def draw_excluding(draw: Any, k: int, exclude: np.ndarray | None, num_prompts: i
     while len(out) < k:
         if drawn > 2 * num_prompts:
             raise ValueError(f"the stream cannot give {k} prompts that are not in flight ({len(skip)} are): lower "
-                             "model.generation.async_depth or the batch size")
+                             "model.asynchronous.depth or the batch size")
         batch = [int(i) for i in draw(min(k - len(out), num_prompts))]
         drawn += len(batch)
         for i in batch:

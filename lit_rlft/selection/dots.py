@@ -344,7 +344,7 @@ class DOTSSelector:
             allowed = self.num_prompts - (int(masked.sum()) if masked is not None else 0)
             if allowed < batch_size:
                 raise ValueError(f"DOTS: only {allowed} prompts are neither reference nor in flight, fewer than the "
-                                 f"batch size {batch_size}: lower reference_size or model.generation.async_depth")
+                                 f"batch size {batch_size}: lower reference_size or model.asynchronous.depth")
             k = max(batch_size, min(batch_size * self.update_every, allowed))
             gen = torch.Generator().manual_seed(int(rng.integers(2**63)))
             logw = difficulty_logits(preds, self.alpha, self.tau)  # [S]

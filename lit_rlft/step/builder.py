@@ -21,13 +21,12 @@ from lit_rlft.envs.formats import observation_format
 from lit_rlft.models.loading import build_policy, load_tokenizer_for
 from lit_rlft.rewards.runner import RewardRunner, resolve_reward
 from lit_rlft.rewards.scorer import Scorer
+from lit_rlft.rollout.engines.hf import HFEngine
 from lit_rlft.rollout.episodes import EpisodeRunner
-from lit_rlft.rollout.generation_process import ProcessRollouts
-from lit_rlft.rollout.hf import HFEngine
-from lit_rlft.rollout.in_process import InProcessRollouts
-from lit_rlft.rollout.server_rollouts import ServerRollouts
-from lit_rlft.rollout.servers import ServerEngine
+from lit_rlft.rollout.servers.source import ServerRollouts
 from lit_rlft.rollout.source import RolloutSource
+from lit_rlft.rollout.sources.in_process import InProcessRollouts
+from lit_rlft.rollout.sources.process import ProcessRollouts
 from lit_rlft.rollout.worker import RolloutWorker
 from lit_rlft.step.config import GRPOConfig
 from lit_rlft.step.grpo import GRPOStep
@@ -37,15 +36,15 @@ __all__ = ["build_models", "build_step", "episode_runner", "rollout_source"]
 
 def build_step(config: GRPOConfig, models: bool = True, mesh: Any = None) -> GRPOStep:
     """The :class:`GRPOStep` of ``config``: its tokenizer, its rollout source (the engine and the reward runner in this
-    process, or, with ``generation.async_depth > 0``, a generation process beside it; worker processes start on first
+    process, or, with ``asynchronous.depth > 0``, a generation process beside it; worker processes start on first
     use), and, with ``models``, the policy and reference (:func:`build_models`, sharded over ``mesh``) attached, which
     sets the engine up. ``step.config`` keeps ``config``."""
     rewards = RewardRunner([resolve_reward(f) for f in config.reward_funcs], weights=config.reward_weights,
                            timeout_s=config.reward_timeout_s, num_workers=config.reward_workers)
     tokenizer = load_tokenizer_for(config.model)
     step = GRPOStep(rollout_source(config, rewards, tokenizer), tokenizer, generation=config.generation,
-                    loss=config.loss, optim=config.optim, scale_rewards=config.scale_rewards,
-                    tools=config.environment.tool_schemas() if config.environment is not None else ())
+                    asynchronous=config.asynchronous, loss=config.loss, optim=config.optim,
+                    scale_rewards=config.scale_rewards, tools=config.environment.tool_schemas() if config.environment is not None else ())
     step.config = config
     if models:
         step.attach(*build_models(config, mesh))
@@ -53,21 +52,20 @@ def build_step(config: GRPOConfig, models: bool = True, mesh: Any = None) -> GRP
 
 
 def rollout_source(config: GRPOConfig, rewards: Scorer, tokenizer: Any) -> RolloutSource:
-    """Where the step's rollouts come from: generation servers (``engine`` a :class:`ServerEngine`, at any depth), the
-    engine in this process (``generation.async_depth == 0``), or a generation process with its own copy of the policy
-    (``async_depth > 0``)."""
+    """Where the step's rollouts come from, by :attr:`GRPOConfig.rollout_kind`: generation servers (``servers``: the
+    engine a :class:`~lit_rlft.rollout.servers.ServerEngine`, at any depth), the engine in this process (``in_process``) or a generation
+    process with its own copy of the policy (``process``: ``asynchronous.depth > 0``)."""
     engine = config.engine if config.engine is not None else HFEngine()
     episodes = episode_runner(config, tokenizer)
-    g = config.generation
-    if isinstance(engine, ServerEngine):  # generation servers, at every depth
-        worker = RolloutWorker(engine, rewards, tokenizer, config.success_threshold, g.score_chunks, episodes=episodes)
-        return ServerRollouts(worker, tokenizer)
-    if not g.async_depth:
-        worker = RolloutWorker(engine, rewards, tokenizer, config.success_threshold, g.score_chunks, episodes=episodes)
-        return InProcessRollouts(worker, tokenizer)
-    policy = functools.partial(generation_policy, config.model, config.dtype, config.tiny, config.lora)
-    return ProcessRollouts(policy, engine, rewards, tokenizer, config.success_threshold, episodes,
-                           threads=g.async_threads, device=g.async_device, timeout_s=g.async_timeout_s)
+    kind = config.rollout_kind
+    if kind == "process":  # the worker is built in the generation process, from these settings
+        a = config.asynchronous
+        policy = functools.partial(generation_policy, config.model, config.dtype, config.tiny, config.lora)
+        return ProcessRollouts(policy, engine, rewards, tokenizer, config.success_threshold, episodes,
+                               threads=a.threads, device=a.device, timeout_s=a.timeout_s)
+    worker = RolloutWorker(engine, rewards, tokenizer, config.success_threshold, config.generation.score_chunks,
+                           episodes=episodes)
+    return (ServerRollouts if kind == "servers" else InProcessRollouts)(worker, tokenizer)
 
 
 def generation_policy(model: str, dtype: str, tiny: Any, lora: Any) -> nn.Module:

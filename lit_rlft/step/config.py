@@ -23,11 +23,12 @@ from lit_rlft.envs.base import Environment
 from lit_rlft.models.loading import LoRAConfig
 from lit_rlft.models.tiny import TinyConfig
 from lit_rlft.rewards.runner import RewardFunc
-from lit_rlft.rollout.base import RolloutEngine, SamplingConfig, check_sampling
+from lit_rlft.rollout.engines.base import RolloutEngine, SamplingConfig, check_sampling
+from lit_rlft.rollout.servers.client import ServerEngine
 from lit_rlft.step.optim import check_schedule
 
-__all__ = ["EpisodeConfig", "GRPOConfig", "GenerationConfig", "MOVED_KEYS", "OptimConfig", "moved_key_message",
-           "nest_flat_options"]
+__all__ = ["AsyncConfig", "EpisodeConfig", "GRPOConfig", "GenerationConfig", "MOVED_KEYS", "OptimConfig",
+           "RolloutKind", "moved_key_message", "nest_flat_options"]
 
 
 @dataclass
@@ -55,28 +56,12 @@ class GenerationConfig:
     """Generate each rollout call's prompts in this many chunks of whole groups, and score each chunk (in a thread)
     while the next one generates: reward models, judges and remote scorers overlap generation (1: generate, then
     score). Unsharded policies only; samples differ from one call's, so it is off by default."""
-    async_depth: int = 0
-    """Batches generated ahead of training, in a separate process with its own copy of the weights (0: the
-    synchronous step; 1: one-step-off; k: at most k updates of staleness). See ``lit_rlft.step.sharded``."""
-    async_timeout_s: float = 600.0
-    """Longest the trainer waits for the generation process (a batch, or its loading of pushed weights) before the
-    run stops naming it."""
-    async_threads: int | None = None
-    """Torch threads of the generation process (None: half of this rank's share of the cores)."""
-    async_device: str | None = None
-    """Device of the generation process (None: cpu; e.g. cuda:1 to generate on a GPU of its own)."""
-
     def __post_init__(self) -> None:
         if self.score_chunks < 1:
             raise ValueError(f"model.generation.score_chunks must be >= 1, got {self.score_chunks}")
         if self.num_generations < 2:
             raise ValueError(f"model.generation.num_generations must be >= 2 for group-relative advantages, got "
                              f"{self.num_generations}")
-        if self.async_depth < 0:
-            raise ValueError(f"model.generation.async_depth must be >= 0 (0 = synchronous), got {self.async_depth}")
-        if self.async_timeout_s <= 0 or (self.async_threads is not None and self.async_threads < 1):
-            raise ValueError(f"model.generation.async_timeout_s must be > 0 and async_threads >= 1 or null, got "
-                             f"{self.async_timeout_s} and {self.async_threads}")
         if self.eval_num_generations < 1:
             raise ValueError(f"model.generation.eval_num_generations must be >= 1, got {self.eval_num_generations}")
         for name in ("temperature", "eval_temperature"):  # the training and the validation sampling
@@ -96,6 +81,36 @@ class GenerationConfig:
         """The engine's settings for validation."""
         temperature = self.temperature if self.eval_temperature is None else self.eval_temperature
         return SamplingConfig(temperature, self.top_p, self.top_k, self.max_completion_length)
+
+
+@dataclass
+class AsyncConfig:
+    """The asynchronous pipeline (``model.asynchronous``): batches generated ahead of training, and the generation
+    process that makes them when the engine runs on this machine. Sampling itself is ``model.generation``'s."""
+
+    depth: int = 0
+    """Batches generated ahead of training (0: the synchronous step; 1: one-step-off; k: at most k updates of
+    staleness). With an engine of this machine (HF, vLLM) they are made by a generation process with its own copy of
+    the weights; with generation servers, by the servers. See ``lit_rlft.step.sharded``."""
+    timeout_s: float = 600.0
+    """Longest the trainer waits for the generation process (a batch, or its loading of pushed weights) before the
+    run stops naming it."""
+    threads: int | None = None
+    """Torch threads of the generation process (None: half of this rank's share of the cores)."""
+    device: str | None = None
+    """Device of the generation process (None: cpu; e.g. cuda:1 to generate on a GPU of its own)."""
+
+    def __post_init__(self) -> None:
+        if self.depth < 0:
+            raise ValueError(f"model.asynchronous.depth must be >= 0 (0 = synchronous), got {self.depth}")
+        if self.timeout_s <= 0 or (self.threads is not None and self.threads < 1):
+            raise ValueError(f"model.asynchronous.timeout_s must be > 0 and threads >= 1 or null, got "
+                             f"{self.timeout_s} and {self.threads}")
+
+
+#: Where the rollouts come from (:attr:`GRPOConfig.rollout_kind`): the engine in the trainer's process, a generation
+#: process beside it, or generation servers.
+RolloutKind = Literal["in_process", "process", "servers"]
 
 
 @dataclass
@@ -235,6 +250,7 @@ class GRPOConfig:
         reward_workers: reward processes per rank (default: the node's cores shared among its ranks, 1 to 4).
         success_threshold: a completion is correct when its total reward is at least this.
         generation: how completions are sampled (:class:`~lit_rlft.step.config.GenerationConfig`).
+        asynchronous: batches generated ahead of training (:class:`~lit_rlft.step.config.AsyncConfig`).
         loss: the policy loss (:class:`~lit_rlft.core.losses.GRPOLoss`, TRL's option names).
         optim: AdamW, its schedule and the batch split (:class:`~lit_rlft.step.config.OptimConfig`).
         scale_rewards: ``group`` (GRPO), ``batch`` or ``none`` (Dr. GRPO) advantage normalisation.
@@ -256,6 +272,7 @@ class GRPOConfig:
     reward_workers: int | None = None
     success_threshold: float = 1.0
     generation: GenerationConfig = field(default_factory=GenerationConfig)
+    asynchronous: AsyncConfig = field(default_factory=AsyncConfig)
     loss: GRPOLoss = field(default_factory=GRPOLoss)
     optim: OptimConfig = field(default_factory=OptimConfig)
     scale_rewards: ScaleRewards = "group"
@@ -264,7 +281,9 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         self.tiny, self.lora = as_config(TinyConfig, self.tiny, None), as_config(LoRAConfig, self.lora, None)
+        self.generation, self.asynchronous = moved_generation_keys(self.generation, self.asynchronous)
         self.generation = as_config(GenerationConfig, self.generation)
+        self.asynchronous = as_config(AsyncConfig, self.asynchronous)
         self.loss = as_config(GRPOLoss, self.loss)
         self.optim = as_config(OptimConfig, self.optim)
         self.episodes = as_config(EpisodeConfig, self.episodes)
@@ -280,12 +299,21 @@ class GRPOConfig:
         if self.engine is not None and not isinstance(self.engine, RolloutEngine):
             raise TypeError(f"engine must be a lit_rlft.rollout.RolloutEngine, got {type(self.engine).__name__}")
 
+    @property
+    def rollout_kind(self) -> RolloutKind:
+        """Where the rollouts come from, decided here alone: ``servers`` when the engine is a
+        :class:`~lit_rlft.rollout.servers.ServerEngine` (at any ``asynchronous.depth``), else ``process`` (a generation
+        process with its own copy of the weights) when ``asynchronous.depth > 0``, else ``in_process``."""
+        if isinstance(self.engine, ServerEngine):
+            return "servers"
+        return "process" if self.asynchronous.depth > 0 else "in_process"
+
     def plain(self) -> dict[str, Any]:
         """The settings as plain types (what a checkpoint's hyper-parameters hold): nested configs as dicts; the
         engine and the reward callables, which are objects, left out."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                if f.name not in ("engine", "reward_funcs", "environment")}
-        for name in ("tiny", "lora", "generation", "loss", "optim", "episodes"):
+        for name in ("tiny", "lora", "generation", "asynchronous", "loss", "optim", "episodes"):
             value = out[name]
             out[name] = dataclasses.asdict(value) if value is not None else None
         return out
@@ -305,8 +333,19 @@ MOVED_KEYS: dict[str, str] = {
 }
 
 
+#: Keys of lit_rlft 0.3's ``model.generation`` that moved to ``model.asynchronous`` (the pipeline apart from sampling).
+MOVED_GENERATION_KEYS: dict[str, str] = {"async_depth": "asynchronous.depth", "async_timeout_s": "asynchronous.timeout_s",
+                                         "async_threads": "asynchronous.threads", "async_device": "asynchronous.device"}
+
+
 def moved_key_message(key: str, prefix: str = "model.") -> str | None:
-    """``model.learning_rate moved to model.optim.learning_rate`` for a 0.2 key (None for any other key)."""
+    """``model.learning_rate moved to model.optim.learning_rate`` for a 0.2 key, ``model.generation.async_depth moved
+    to model.asynchronous.depth`` for a 0.3 one (``key`` = ``generation.async_depth``); None for any other key."""
+    group, _, name = key.rpartition(".")
+    if group == "generation" and name in MOVED_GENERATION_KEYS:
+        new = MOVED_GENERATION_KEYS[name]
+        return f"{prefix}{key} moved to {prefix}{new} after lit_rlft 0.3 (YAML: {prefix}asynchronous: {{{new.split('.')[1]}: " \
+               f"...}}; command line: --{prefix}{new})"
     new = MOVED_KEYS.get(key)
     if new is None:
         return None
@@ -326,7 +365,7 @@ def nest_flat_options(options: dict[str, Any], base: dict[str, Any] | None = Non
     import dataclasses
 
     from lit_rlft.core.losses import GRPOLoss
-    from lit_rlft.rollout.hf import HFEngine
+    from lit_rlft.rollout.engines.hf import HFEngine
 
     builders = {"generation": GenerationConfig, "loss": GRPOLoss, "optim": OptimConfig}
     out: dict[str, Any] = dict(base or {})
@@ -348,6 +387,23 @@ def nest_flat_options(options: dict[str, Any], base: dict[str, Any] | None = Non
             given = builders[group](**given) if isinstance(given, dict) else given
             out[group] = dataclasses.replace(given, **values)
     return out
+
+
+def moved_generation_keys(generation: Any, asynchronous: Any) -> tuple[Any, Any]:
+    """``(generation, asynchronous)`` with 0.3's ``async_*`` keys of a ``generation`` dict (a checkpoint's
+    hyper-parameters, a script's dict) moved into ``asynchronous``, with a warning naming each new place; an
+    ``asynchronous`` given too keeps its values. Anything else is returned as it is."""
+    if not isinstance(generation, Mapping) or not set(generation) & set(MOVED_GENERATION_KEYS):
+        return generation, asynchronous
+    moved = {k: v for k, v in generation.items() if k in MOVED_GENERATION_KEYS}
+    warnings.warn("; ".join(moved_key_message(f"generation.{k}") for k in moved), FutureWarning, stacklevel=4)
+    generation = {k: v for k, v in generation.items() if k not in MOVED_GENERATION_KEYS}
+    values = {MOVED_GENERATION_KEYS[k].split(".")[1]: v for k, v in moved.items()}
+    if asynchronous is None:
+        return generation, AsyncConfig(**values)
+    given = dataclasses.asdict(asynchronous) if isinstance(asynchronous, AsyncConfig) else dict(asynchronous)
+    defaults = dataclasses.asdict(AsyncConfig())
+    return generation, AsyncConfig(**{**values, **{k: v for k, v in given.items() if v != defaults[k]}})
 
 
 def as_config(cls: type, value: Any, default: Any = MISSING) -> Any:

@@ -18,10 +18,10 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from lit_rlft.core.distributed import Collective
     from lit_rlft.core.types import OutcomeRecord, Rollouts
     from lit_rlft.data.plan import BatchPlan
     from lit_rlft.data.pool import PromptPool
+    from lit_rlft.runtime.distributed import Collective
     from lit_rlft.step.budget import RolloutBudget
 
 __all__ = ["PromptData", "RolloutHook", "StepContext", "StepOutput", "StopCondition", "planned_generations"]
@@ -140,7 +140,7 @@ class StepContext(Protocol):
 
     @property
     def async_depth(self) -> int:
-        """``k``, batches generated ahead of training (``model.generation.async_depth``; 0: synchronous). After step
+        """``k``, batches generated ahead of training (``model.asynchronous.depth``; 0: synchronous). After step
         ``t`` (``rollout_step == t + 1``) the batches of steps ``t + 1 .. t + k`` are in flight, and what a callback
         plans is the batch of step ``t + 1 + k``: its observations lag by ``k`` steps."""
         ...

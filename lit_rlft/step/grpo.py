@@ -8,7 +8,7 @@ One step, as named calls (:meth:`GRPOStep.run`)::
     rollouts, record = hook.on_rollouts(self, ...)          # 4. rollout hooks reshape (dynamic sampling, replay)
     advantages = group_advantages(...)                      # 5. group-relative advantages
     update = self.updater.update(rollouts, advantages, ...) # 6. num_iterations x num_mini_batches optimizer steps
-    self.sync_engine()                                      #    the source samples from the new weights next
+    self.sync_weights()                                      #    the source samples from the new weights next
     # 7. the driver calls the callbacks' after-step hooks with the StepOutput; a stop may be requested there
 
 Notation: ``B`` prompts (global), ``G = num_generations``, ``N = B * G``, ``W`` ranks. On ``W`` ranks, rank ``r``
@@ -34,15 +34,15 @@ import torch
 from torch import nn
 
 from lit_rlft.core.advantages import ScaleRewards, group_advantages
-from lit_rlft.core.distributed import Collective, LocalCollective
 from lit_rlft.core.losses import GRPOLoss
 from lit_rlft.core.types import OutcomeRecord, Rollouts
 from lit_rlft.models.sharding import hf_model, is_sharded
 from lit_rlft.rewards.scorer import Scorer
-from lit_rlft.rollout.base import stop_token_ids
+from lit_rlft.rollout.engines.base import stop_token_ids
 from lit_rlft.rollout.source import RolloutSource
+from lit_rlft.runtime.distributed import Collective, LocalCollective
 from lit_rlft.step.budget import RolloutBudget
-from lit_rlft.step.config import GenerationConfig, OptimConfig
+from lit_rlft.step.config import AsyncConfig, GenerationConfig, OptimConfig
 from lit_rlft.step.context import PromptData, RolloutHook, StepOutput, StopCondition, planned_generations
 from lit_rlft.step.metrics import NoSignalWarning, step_metrics
 from lit_rlft.step.seeding import StepSeeds
@@ -65,10 +65,11 @@ class GRPOStep:
     """One GRPO rollout step with the off-policy (replay) loss; Lightning-free.
 
     Args:
-        source: where this rank's rollouts come from (:class:`~lit_rlft.rollout.in_process.InProcessRollouts`, a
-            :class:`~lit_rlft.rollout.generation_process.ProcessRollouts`, ...).
+        source: where this rank's rollouts come from (:class:`~lit_rlft.rollout.sources.in_process.InProcessRollouts`, a
+            :class:`~lit_rlft.rollout.sources.process.ProcessRollouts`, ...).
         tokenizer: the policy's tokenizer.
-        generation: how completions are sampled (``async_depth``: training batches kept in flight).
+        generation: how completions are sampled.
+        asynchronous: the asynchronous pipeline (``depth``: training batches kept in flight).
         loss: the per-micro-batch loss (its ``max_completion_length`` defaults to the generation's).
         optim: how each rollout batch is split into optimizer steps (the optimizer itself is the backend's).
         scale_rewards: ``group`` (GRPO), ``batch`` or ``none`` (Dr. GRPO) advantage normalisation.
@@ -80,7 +81,7 @@ class GRPOStep:
     """
 
     def __init__(self, source: RolloutSource, tokenizer: Any, *, generation: GenerationConfig | None = None,
-                 loss: GRPOLoss | None = None, optim: OptimConfig | None = None, scale_rewards: ScaleRewards = "group",
+                 asynchronous: AsyncConfig | None = None, loss: GRPOLoss | None = None, optim: OptimConfig | None = None, scale_rewards: ScaleRewards = "group",
                  tools: Sequence[dict[str, Any]] = ()):
         if scale_rewards not in ("group", "batch", "none"):
             raise ValueError(f"model.scale_rewards must be one of group, batch, none; got {scale_rewards!r}")
@@ -93,7 +94,8 @@ class GRPOStep:
         self.updater = PolicyUpdater(loss, self.generation.temperature, self.optim)  # the one holder of the loss
         self.config: GRPOConfig | None = None  # what build_step built this step from
         self.seeds = StepSeeds(self.generation.seed)
-        self.rollouts = ShardedRollouts(source, self.seeds, self.generation.async_depth)
+        self.asynchronous = asynchronous or AsyncConfig()
+        self.rollouts = ShardedRollouts(source, self.seeds, self.asynchronous.depth)
         self.rewards = source.rewards  # through the setter: the step reports failures, not the scorer
         self.validation = Validation(self.rollouts, self.seeds, self.generation)
         self.rollout_step = 0  # completed rollout steps (checkpointed)
@@ -252,7 +254,7 @@ class GRPOStep:
         checkpoint changed them), the policy in training mode (a validation before fit leaves it in eval mode)."""
         if self.reference is not None:
             self.reference.to(self.device)
-        self.sync_engine(only_if_stale=True)
+        self.sync_weights(only_if_stale=True)
         self.policy.train()
 
     def run(self, backend: UpdateBackend, hooks: Sequence[RolloutHook] | None = None) -> StepOutput:
@@ -285,7 +287,7 @@ class GRPOStep:
             self._warn(f"step {self.rollout_step}: {int(update.metrics['nonfinite_skips'])} optimizer step(s) had a "
                        f"non-finite loss or gradient and were skipped ({self.updater.skips_in_a_row} in a row; the "
                        f"run stops at model.optim.max_nonfinite_skips={self.updater.max_nonfinite_skips})")
-        self.sync_engine(version=self.rollout_step + 1)  # the next batches (reference sets, validation) sample these
+        self.sync_weights(version=self.rollout_step + 1)  # the next batches (reference sets, validation) sample these
         self.rollout_step += 1
         metrics = step_metrics(rollouts, record, trained, update.metrics, self.rollouts, self._sync_s,
                                time.perf_counter() - t_step)
@@ -295,7 +297,7 @@ class GRPOStep:
         return StepOutput(step=self.rollout_step - 1, rollouts=rollouts, record=record, metrics=metrics,
                           optimizer_steps=self.updater.optimizer_steps - steps_before)
 
-    def sync_engine(self, only_if_stale: bool = False, version: int | None = None) -> None:
+    def sync_weights(self, only_if_stale: bool = False, version: int | None = None) -> None:
         """Push the current weights to the rollout source (HF in process: nothing to do; vLLM or a generation
         process: a weight push, timed as ``time/weight_sync_s``). Every rank calls it (FSDP2 gathers).
         ``only_if_stale``: only when the weights changed since the source last saw them other than by this step's
@@ -304,7 +306,7 @@ class GRPOStep:
         if only_if_stale and not self._engine_stale:
             return
         t0 = time.perf_counter()
-        self.rollouts.source.push(self.policy, self.rollout_step if version is None else version,
+        self.rollouts.source.sync_weights(self.policy, self.rollout_step if version is None else version,
                                   full=self._engine_stale)
         self._sync_s = time.perf_counter() - t0
         self._engine_stale = False
@@ -325,7 +327,7 @@ class GRPOStep:
 
     def begin_validation(self) -> None:
         """Before a validation: the source on the current weights (if a restored checkpoint changed them)."""
-        self.sync_engine(only_if_stale=True)
+        self.sync_weights(only_if_stale=True)
         self.validation.begin()
 
     def validation_batch(self, prompt_ids: Any) -> None:

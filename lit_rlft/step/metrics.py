@@ -24,8 +24,8 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
 from lit_rlft.core.advantages import effective_ratio, keep_mask, masked_std
-from lit_rlft.core.distributed import Collective
 from lit_rlft.core.types import OutcomeRecord, Rollouts
+from lit_rlft.runtime.distributed import Collective
 from lit_rlft.step.rewards_report import episode_metrics
 
 if TYPE_CHECKING:
@@ -151,8 +151,8 @@ def step_metrics(rollouts: Rollouts, record: OutcomeRecord, trained: OutcomeReco
     metrics.update(episode_metrics(sharded.costs.episodes))
     metrics["time/generation_s"] = sharded.costs.generation_s
     metrics["time/weight_sync_s"] = sync_s
-    if sharded.source.last_push_bytes is not None:  # sources with weights of their own (vLLM)
-        metrics["perf/weight_sync_mib"] = sharded.source.last_push_bytes / 2**20
+    if sharded.source.last_sync_bytes is not None:  # sources with weights of their own (vLLM)
+        metrics["perf/weight_sync_mib"] = sharded.source.last_sync_bytes / 2**20
     metrics.update(sharded.source.metrics())
     metrics["time/step_s"] = seconds
     metrics["time/generation_share"] = sharded.costs.generation_s / max(seconds, 1e-9)

@@ -41,11 +41,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from lit_rlft.core.distributed import Collective, LocalCollective, padded_shard, shard_slice
 from lit_rlft.core.types import OutcomeRecord, Rollouts
-from lit_rlft.rollout.base import SamplingConfig
+from lit_rlft.rollout.engines.base import SamplingConfig
 from lit_rlft.rollout.source import RolloutReply, RolloutRequest, RolloutSource
 from lit_rlft.rollout.worker import RolloutWorker
+from lit_rlft.runtime.distributed import Collective, LocalCollective, padded_shard, shard_slice
 from lit_rlft.step.budget import RolloutBudget
 from lit_rlft.step.rewards_report import RewardFailureLog, episode_sums, failure_counts
 from lit_rlft.step.seeding import StepSeeds
@@ -87,7 +87,7 @@ class ShardedRollouts:
 
     def __init__(self, source: RolloutSource, seeds: StepSeeds, depth: int = 0):
         if depth < 0:
-            raise ValueError(f"model.generation.async_depth must be >= 0 (0 = synchronous), got {depth}")
+            raise ValueError(f"model.asynchronous.depth must be >= 0 (0 = synchronous), got {depth}")
         self.source, self.seeds, self.depth = source, seeds, depth
         self.budget = RolloutBudget()
         self.reward_failures = RewardFailureLog()
@@ -106,8 +106,9 @@ class ShardedRollouts:
         return self.data
 
     def bind(self, data: PromptData, collective: Collective) -> None:
-        """The prompt data and the ranks."""
+        """The prompt data and the ranks (handed to the source: the servers' source sends the weights from rank 0)."""
         self.data, self.collective = data, collective
+        self.source.bind_ranks(collective)
         self._mirror()
 
     # -- any rollout -------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ the same count on every rank, and a rank with nothing left in one makes a pass w
 several mini-batches), splits them into ``num_mini_batches`` mini-batches and makes one optimizer step per
 mini-batch, accumulating gradients over micro-batches of ``micro_batch_size`` rows. What differs between the
 Trainer, Fabric and plain PyTorch (how to backward, skip gradient sync, clip, step) sits behind
-:class:`UpdateBackend`; how ranks agree on normalisation goes through a :class:`~lit_rlft.core.distributed.Collective`.
+:class:`UpdateBackend`; how ranks agree on normalisation goes through a :class:`~lit_rlft.runtime.distributed.Collective`.
 
 Global normalisation. A mini-batch's loss is normalised by the *global* weight of that mini-batch (its tokens for
 ``loss_type="dapo"``, its sequences otherwise), summed over ranks, and every rank multiplies its share by ``W``
@@ -28,7 +28,7 @@ import dataclasses
 import math
 import warnings
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
 
@@ -36,11 +36,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lit_rlft.core.distributed import Collective, LocalCollective, split_to
 from lit_rlft.core.entropy_control import AdaptiveEntropyCoef
 from lit_rlft.core.loss_masks import entropy_threshold
 from lit_rlft.core.losses import GRPOLoss, LossOutput
 from lit_rlft.core.types import Rollouts
+from lit_rlft.runtime.distributed import Collective, LocalCollective, split_to
 from lit_rlft.step.batching import (
     grouped_attention_supported,
     grouping_pays,
@@ -448,6 +448,9 @@ def _sum_lists(parts: list[list[float]]) -> list[float]:
 class TorchBackend:
     """:class:`UpdateBackend` for a plain PyTorch loop on one process (no data parallelism).
 
+    The optimizer side every backend shares (Lightning's ``LightningBackend`` subclasses it): step, ``zero_grad``,
+    clipping with :func:`clip_grad_norm` (over :meth:`_grad_params`, at :meth:`_grad_scale`).
+
     Example::
 
         backend = TorchBackend(policy, torch.optim.AdamW(policy.parameters(), lr=1e-6))
@@ -474,7 +477,19 @@ class TorchBackend:
         return nullcontext()
 
     def clip_grad_norm(self, max_norm: float) -> float:
-        return clip_grad_norm([p for p in self._model.parameters() if p.grad is not None], max_norm)
+        # Gradients held scaled (a fp16 GradScaler's, unscaled inside optimizer.step) are clipped at the scaled
+        # threshold, which is exactly clipping the unscaled gradients at `max_norm`; the norm is returned unscaled.
+        scale = self._grad_scale()
+        params = [p for p in self._grad_params() if p.grad is not None]
+        return clip_grad_norm(params, max_norm * scale) / scale
+
+    def _grad_params(self) -> Iterable[nn.Parameter]:
+        """The parameters whose gradients are clipped (those without a gradient are left out)."""
+        return self._model.parameters()
+
+    def _grad_scale(self) -> float:
+        """The factor the gradients are held at when clipped (1: unscaled)."""
+        return 1.0
 
     def optimizer_step(self) -> None:
         self.optimizer.step()

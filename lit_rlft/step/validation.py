@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lit_rlft.core.distributed import padded_shard
+from lit_rlft.runtime.distributed import padded_shard
 from lit_rlft.step.config import GenerationConfig
 from lit_rlft.step.metrics import ValidationMetrics
 from lit_rlft.step.seeding import StepSeeds

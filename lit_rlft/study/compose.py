@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lit_rlft.core.imports import import_object
+from lit_rlft.runtime.imports import import_object
 
 __all__ = ["ConfigError", "dropped_callbacks", "fingerprint", "load_config", "merge", "run_config", "write_config"]
 

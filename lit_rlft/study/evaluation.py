@@ -116,13 +116,13 @@ def pooled(metrics: dict[str, float], groups: dict[str, list[Any]], prefix: str 
 def _measuring(step: Any, seeds: StepSeeds, scorer: Any = None) -> Iterator[None]:
     """The policy in eval mode, the rollouts on ``seeds`` (and scored by ``scorer`` when given), the random state
     forked; all restored afterwards."""
-    from lit_rlft.rollout.in_process import InProcessRollouts
+    from lit_rlft.rollout.sources.in_process import InProcessRollouts
 
     policy, rollouts = step.policy, step.rollouts
     source = rollouts.source
     if scorer is not None and not isinstance(source, InProcessRollouts):
         raise ValueError("an evaluation reward of its own (reward_funcs) needs the rollouts in the trainer's process "
-                         f"(model.generation.async_depth 0, no generation servers); the source is {type(source).__name__}")
+                         f"(model.asynchronous.depth 0, no generation servers); the source is {type(source).__name__}")
     was_training = policy.training
     saved, saved_scorer = rollouts.seeds, source.rewards
     device = step.device

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from lit_rlft.core.processes import set_parent_death_signal
+from lit_rlft.runtime.processes import set_parent_death_signal
 
 __all__ = ["PlannedRun", "RunProcesses", "execute", "run_env"]
 

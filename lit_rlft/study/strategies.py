@@ -35,7 +35,7 @@ from lit_rlft.callbacks import (
     SequentialSamplingCallback,
     UniformHandbackCallback,
 )
-from lit_rlft.core.imports import import_object
+from lit_rlft.runtime.imports import import_object
 
 #: Every shipped strategy, in table order.
 STRATEGIES: tuple[str, ...] = (

@@ -57,14 +57,14 @@ class TRLArmError(ValueError):
 
 def refuse_unsupported(config: Any) -> None:
     """Raise :class:`TRLArmError` for what TRL's ``GRPOTrainer`` would run differently."""
-    from lit_rlft.rollout.hf import HFEngine
+    from lit_rlft.rollout.engines.hf import HFEngine
 
-    g, o = config.generation, config.optim
+    o = config.optim
     if config.engine is not None and not isinstance(config.engine, HFEngine):
         raise TRLArmError(f"model.engine {type(config.engine).__name__}: the trl arm generates with HF generate "
                           "(TRL's use_vllm=False); give the HF engine")
-    if g.async_depth:
-        raise TRLArmError("model.generation.async_depth > 0: TRL's GRPOTrainer generates synchronously")
+    if config.asynchronous.depth:
+        raise TRLArmError("model.asynchronous.depth > 0: TRL's GRPOTrainer generates synchronously")
     if config.environment is not None:
         raise TRLArmError("model.environment: the trl arm runs single-turn completions only")
     if o.num_mini_batches != 1:
@@ -140,6 +140,7 @@ def run(config_path: str) -> dict[str, Any]:
     from lit_rlft.cli.lightning_cli import grpo_cli
     from lit_rlft.models.loading import build_policy
     from lit_rlft.step.builder import build_step
+    from lit_rlft.step.config import AsyncConfig
 
     cli = grpo_cli(["--config", config_path], run=False)
     module, dm, trainer_cfg = cli.model, cli.datamodule, cli.trainer
@@ -155,8 +156,7 @@ def run(config_path: str) -> dict[str, Any]:
     cuda = torch.cuda.is_available() and trainer_cfg.accelerator.__class__.__name__ != "CPUAccelerator"
 
     # the evaluation step: lit_rlft's own, in process, on the HF engine, bound to TRL's model below
-    eval_config = dataclasses.replace(config, engine=None, generation=dataclasses.replace(config.generation,
-                                                                                            async_depth=0))
+    eval_config = dataclasses.replace(config, engine=None, asynchronous=AsyncConfig())
     step = build_step(eval_config, models=False)
     dm.setup("fit")
     step.bind(dm)

@@ -235,6 +235,20 @@ def test_a_key_of_lit_rlft_0_2_points_to_its_new_place(tmp_path, capsys, where):
         "under model.optim; command line: --model.optim.learning_rate)")
 
 
+@pytest.mark.parametrize("where", ["yaml", "command line"])
+def test_an_asynchronous_key_of_lit_rlft_0_3_points_to_its_new_group(tmp_path, capsys, where):
+    """The pipeline's settings left ``model.generation`` (sampling) for ``model.asynchronous``: the old key fails
+    with its new place."""
+    if where == "yaml":
+        args = ["fit", "--config", _edited(tmp_path, lambda c: c["model"].setdefault("generation", {}).update(
+            async_depth=1))]
+    else:
+        args = ["fit", "--config", str(_config(tmp_path)), "--model.generation.async_depth", "1"]
+    assert _error(capsys, args) == (
+        "lit-rlft fit: error: model.generation.async_depth moved to model.asynchronous.depth after lit_rlft 0.3 "
+        "(YAML: model.asynchronous: {depth: ...}; command line: --model.asynchronous.depth)")
+
+
 def test_constructor_errors_name_the_class(tmp_path, capsys):
     cfg = str(_config(tmp_path))
     assert _error(capsys, ["fit", "--config", cfg, "--model.generation.num_generations", "1"]) == (

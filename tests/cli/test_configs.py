@@ -88,7 +88,7 @@ def test_the_smollm2_gsm8k_config_parses_with_and_without_vllm(capsys):
     assert cfg["data"]["chat_template"] is True
     for overlay in ("vllm_cpu.yaml", "vllm_gpu.yaml"):
         cfg = _print_config(capsys, CONFIGS / "gsm8k_smollm2_lora.yaml", CONFIGS / "engines" / overlay)
-        assert cfg["model"]["engine"]["class_path"] == "lit_rlft.rollout.vllm.VLLMEngine"
+        assert cfg["model"]["engine"]["class_path"] == "lit_rlft.rollout.engines.vllm.VLLMEngine"
 
 
 def test_the_environment_configs_parse(capsys):

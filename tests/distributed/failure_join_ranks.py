@@ -37,8 +37,8 @@ def rank_main(rank: int, world_size: int, out: Path) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
 
     from lit_rlft import CountdownTask, GenerationConfig, GRPOConfig, PromptDataModule, build_step
-    from lit_rlft.core.distributed import get_collective
     from lit_rlft.models.tiny import TinyConfig
+    from lit_rlft.runtime.distributed import get_collective
 
     tiny = TinyConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
                       intermediate_size=128, head_dim=64)

@@ -105,7 +105,7 @@ class RaisingEngine:
     """The HF engine, except that rank 1's second generate call raises (before any collective of its own)."""
 
     def __new__(cls):
-        from lit_rlft.rollout.hf import HFEngine
+        from lit_rlft.rollout.engines.hf import HFEngine
 
         class _Raising(HFEngine):
             calls = 0
@@ -196,7 +196,7 @@ def main() -> None:
     p.add_argument("--val", type=int, default=0, help="held-out prompts, evaluated every 2 steps (0: none)")
     p.add_argument("--engine", choices=["hf", "vllm", "raise-on-rank-1", "servers"], default="hf")
     p.add_argument("--servers", default="", help="--engine servers: the stand-in servers, host:port,host:port")
-    p.add_argument("--async-depth", type=int, default=0, help="model.generation.async_depth")
+    p.add_argument("--async-depth", type=int, default=0, help="model.asynchronous.depth")
     p.add_argument("--env", choices=["none", "echo", "echo-rank0-stops"], default="none",
                    help="echo: multi-turn episodes with tests.distributed.helpers.EchoEnv (2 turns); echo-rank0-stops: "
                         "rank 0's episodes all end after one turn")
@@ -207,6 +207,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
 
     from lit_rlft import (
+        AsyncConfig,
         GenerationConfig,
         GRPOConfig,
         GRPOLoss,
@@ -221,23 +222,23 @@ def main() -> None:
     L.seed_everything(0, verbose=False)
     engine = None
     if a.engine == "vllm":
-        from lit_rlft.rollout.vllm import VLLMEngine
+        from lit_rlft.rollout.engines.vllm import VLLMEngine
 
         engine = VLLMEngine(dtype="float32", max_model_len=64, kv_cache_memory_bytes=32 * 2**20)
     elif a.engine == "raise-on-rank-1":
         engine = RaisingEngine()
-    elif a.engine == "servers":  # stand-in servers of the test (tests/rollout/fake_servers.py)
+    elif a.engine == "servers":  # stand-in servers of the test (tests/rollout/servers/fake_servers.py)
         from lit_rlft.rollout import ServerEngine
 
         engine = ServerEngine(a.servers.split(","), timeout_s=30.0)
     elif a.generation_batch_size:
-        from lit_rlft.rollout.hf import HFEngine
+        from lit_rlft.rollout.engines.hf import HFEngine
 
         engine = HFEngine(max_batch_size=a.generation_batch_size)
     settings = dict(
         engine=engine, model="tiny", tiny=TinyConfig(**TINY_SMALL), reward_funcs=[a.reward],
-        generation=GenerationConfig(num_generations=4, max_completion_length=8, async_depth=a.async_depth,
-                                    async_threads=1),
+        generation=GenerationConfig(num_generations=4, max_completion_length=8),
+        asynchronous=AsyncConfig(depth=a.async_depth, threads=1),
         loss=GRPOLoss(**dict(_option(kv) for kv in a.loss.split(",") if kv)),
         optim=OptimConfig(learning_rate=1e-3, micro_batch_size=a.micro_batch_size,
                           gradient_checkpointing=a.gradient_checkpointing,
@@ -274,7 +275,7 @@ def main() -> None:
         return
     module = GRPOModule(**settings)
     if a.engine == "servers":
-        from tests.rollout.fake_servers import HTTPFakeSync
+        from tests.rollout.servers.fake_servers import HTTPFakeSync
 
         module.grpo.source.engine._sync = HTTPFakeSync()
     if a.strategy == "fsdp2":

@@ -489,7 +489,7 @@ def test_two_ranks_with_generation_servers_split_the_batch_and_rank_0_alone_push
     """Every rank asks the servers for its own slice (whole groups, split over two stand-in servers); rank 0 alone
     pushes the weights (once before the first request, then once per step: not once per rank), every rank having
     gathered its FSDP2 shards; the ranks stay in step and train disjoint halves of each batch."""
-    from tests.rollout.fake_servers import FakeServers
+    from tests.rollout.servers.fake_servers import FakeServers
 
     with FakeServers(2) as servers:
         ranks = run(tmp_path, "--engine", "servers", "--servers", ",".join(servers.urls), "--steps", "4", *layout)

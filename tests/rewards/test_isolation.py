@@ -1,5 +1,5 @@
 """Per-completion isolation and the real time bound of RewardRunner (processes that are killed; the pool's own
-mechanics are tested in tests/core/test_pool.py)."""
+mechanics are tested in tests/runtime/test_worker_pool.py)."""
 
 import copy
 import os
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lit_rlft.rewards import RewardRunner
-from tests.core.test_pool import hostile_length  # len(c), except for the hostile completions it names
+from tests.runtime.test_worker_pool import hostile_length  # len(c), except for the hostile completions it names
 
 
 def _alive(pid: int) -> bool:

@@ -13,7 +13,7 @@ from lit_rlft.core.types import Rollouts, left_pad
 from lit_rlft.envs.base import Environment, EnvStep
 from lit_rlft.envs.formats import ChatFormat, TextFormat
 from lit_rlft.models.tiny import TinyConfig, char_tokenizer, tiny_qwen2
-from lit_rlft.rollout.base import GenerationOutput, RolloutEngine, SamplingConfig
+from lit_rlft.rollout.engines.base import GenerationOutput, RolloutEngine, SamplingConfig
 from lit_rlft.rollout.episodes import EpisodeRunner
 from lit_rlft.step.batching import sequence_logprobs
 

@@ -12,8 +12,8 @@ import torch
 
 from lit_rlft.models.tiny import TinyConfig, char_tokenizer, tiny_qwen2
 from lit_rlft.rewards import BatchedReward, Failure, RewardRunner
-from lit_rlft.rollout.base import SamplingConfig
-from lit_rlft.rollout.hf import HFEngine
+from lit_rlft.rollout.engines.base import SamplingConfig
+from lit_rlft.rollout.engines.hf import HFEngine
 from lit_rlft.rollout.source import RolloutRequest
 from lit_rlft.rollout.worker import RolloutWorker
 from lit_rlft.step.config import GenerationConfig

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from lit_rlft.rollout.base import GenerationOutput, RolloutEngine, SamplingConfig
+from lit_rlft.rollout.engines.base import GenerationOutput, RolloutEngine, SamplingConfig
 from lit_rlft.rollout.source import RolloutRequest
 from lit_rlft.rollout.worker import RolloutWorker
 

@@ -1,4 +1,4 @@
-"""Asynchronous rollouts (``model.generation.async_depth``): rows carry the log-probs of the weights that generated
+"""Asynchronous rollouts (``model.asynchronous.depth``): rows carry the log-probs of the weights that generated
 them and the loss is the written formula on them; a prompt in flight is never drawn again, under every strategy;
 staleness is bounded by admission; a resumed run regenerates its ledger (no prompt lost, none trained twice); a dead
 or hung generation process stops the run naming it, and no process outlives the run."""
@@ -181,7 +181,7 @@ def test_a_generation_process_that_hangs_stops_the_run_within_its_timeout():
     step = _step(depth=1, reward_funcs=["tests.step.test_async.slow_reward"], reward_timeout_s=None,
                  async_timeout_s=3.0)
     t0 = time.monotonic()
-    with pytest.raises(Exception, match=r"did not answer request 1 within 3 s \(model.generation.async_timeout_s\)"):
+    with pytest.raises(Exception, match=r"did not answer request 1 within 3 s \(model.asynchronous.timeout_s\)"):
         _loop(step, steps=2)
     assert time.monotonic() - t0 < 30
 
@@ -199,7 +199,7 @@ def test_no_generation_process_outlives_its_run(tmp_path):
         "from tests.conftest import countdown_dm\n"
         "step = _step(depth=1)\n"
         "data = countdown_dm(size=24, batch_size=4); data.setup('fit'); step.bind(data); step.start()\n"
-        "step.sync_engine()  # starts the generation process (with the current weights)\n"
+        "step.sync_weights()  # starts the generation process (with the current weights)\n"
         "print(step.source.pid, flush=True)\n"
         "os._exit(0)\n")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
@@ -223,10 +223,10 @@ def _alive(pid: int) -> bool:
 def test_depth_is_checked_and_a_step_needs_no_config_to_generate_ahead():
     """The generation process's source is given what it needs when it is built (its policy factory), so a step whose
     config is gone (built by hand) still runs at depth 1; before, the process read the step's config and refused."""
-    from lit_rlft import GenerationConfig
+    from lit_rlft import AsyncConfig
 
-    with pytest.raises(ValueError, match="async_depth must be >= 0"):
-        GenerationConfig(async_depth=-1)
+    with pytest.raises(ValueError, match="asynchronous.depth must be >= 0"):
+        AsyncConfig(depth=-1)
     step = _step(depth=1)
     step.config = None  # a step built by hand
     outs = _loop(step, steps=2)

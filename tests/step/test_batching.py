@@ -206,8 +206,8 @@ def test_gradient_checkpointing_gives_the_same_gradients(lora, monkeypatch):
 
 def test_ranks_run_as_many_token_budget_micro_batches_as_the_rank_that_needs_most():
     """Under FSDP2 each forward is a collective: a rank whose rows fit in fewer micro-batches splits further."""
-    from lit_rlft.core.distributed import split_to
-    from tests.core.test_distributed import FakeRanks
+    from lit_rlft.runtime.distributed import split_to
+    from tests.runtime.test_distributed import FakeRanks
 
     assert [m.tolist() for m in split_to([torch.arange(5), torch.arange(5, 7)], 4)] == [[0, 1], [2], [3, 4],
                                                                                               [5, 6]]

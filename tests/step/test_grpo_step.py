@@ -14,7 +14,7 @@ from lit_rlft import GRPOModule, build_step
 from lit_rlft.callbacks import DPSCallback, ReplayCallback, RolloutBudgetStop
 from lit_rlft.callbacks.base import StepCallback
 from lit_rlft.lightning.fabric import FabricLoop
-from lit_rlft.rollout.hf import HFEngine
+from lit_rlft.rollout.engines.hf import HFEngine
 from tests.callbacks.test_strategies import CoinRewards
 from tests.conftest import REPO, countdown_dm, tiny_config, tiny_module, tiny_trainer
 
