@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from lit_rlft.rewards.batched import Failure, ScoreCache, is_batched, score_batched
-from lit_rlft.rewards.scoring import score_job, split_rows
+from lit_rlft.rewards.score_job import score_job, split_rows
 from lit_rlft.runtime.imports import import_object
 from lit_rlft.runtime.worker_pool import CONTRACT, ERROR, OK, TIMEOUT, Job, JobResult, WorkerPool
 

@@ -3,7 +3,7 @@
 A job is untrusted code (a reward function, an environment's step) applied to untrusted text. Run over a whole batch
 in the training process, one hostile input can make it raise (failing every other input) or run forever in C code
 that no Python timeout interrupts. Here every (function, input) pair is its own :class:`Job`, and ``call`` (given
-by the user of the pool: :func:`lit_rlft.rewards.scoring.score_job`, :func:`lit_rlft.rollout.episodes.step_job`)
+by the user of the pool: :func:`lit_rlft.rewards.score_job.score_job`, :func:`lit_rlft.rollout.episodes.step_job`)
 turns one into a :class:`JobResult` inside a worker:
 
 - a job that raises, or whose worker dies, fails alone;
@@ -292,7 +292,7 @@ class WorkerPool:
         num_workers: processes (default :func:`default_num_workers`).
         start_method: ``"fork"``, ``"forkserver"`` or ``"spawn"`` (default: fork where available).
         call: how a worker runs one job, ``call(funcs[job.func], job) -> JobResult``
-            (:func:`lit_rlft.rewards.scoring.score_job` for a reward's one score); a module-level function (it
+            (:func:`lit_rlft.rewards.score_job.score_job` for a reward's one score); a module-level function (it
             reaches the workers as their target's argument).
         name: the workers' process name.
 

@@ -41,14 +41,9 @@ from lit_rlft.core.loss_masks import entropy_threshold
 from lit_rlft.core.losses import GRPOLoss, LossOutput
 from lit_rlft.core.types import Rollouts
 from lit_rlft.runtime.distributed import Collective, LocalCollective, split_to
-from lit_rlft.step.batching import (
-    grouped_attention_supported,
-    grouping_pays,
-    padding_share,
-    sequence_logprobs,
-    token_budget_micro_batches,
-)
+from lit_rlft.step.batching import padding_share, token_budget_micro_batches
 from lit_rlft.step.config import OptimConfig
+from lit_rlft.step.layouts import grouped_attention_supported, grouping_pays, sequence_logprobs
 
 __all__ = ["NonFiniteUpdateError", "PolicyUpdater", "TorchBackend", "UpdateBackend", "UpdateOutput", "clip_grad_norm",
            "reference_logprobs", "sequence_logprobs"]

@@ -8,7 +8,7 @@ import re
 
 import torch
 
-from lit_rlft.rewards.scoring import score_job
+from lit_rlft.rewards.score_job import score_job
 from lit_rlft.runtime.worker_pool import ERROR, OK, TIMEOUT, Job, WorkerPool
 
 

@@ -21,8 +21,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from lit_rlft.core.logprobs import AUTO_CHUNK_LOGITS, chunked_logprobs, completion_logprobs, resolve_chunk_tokens
 from lit_rlft.core.losses import GRPOLoss
 from lit_rlft.models.loading import LoRAConfig
-from lit_rlft.step.batching import head_logprobs, sequence_logprobs
 from lit_rlft.step.config import OptimConfig
+from lit_rlft.step.layouts import head_logprobs, sequence_logprobs
 from lit_rlft.step.update import PolicyUpdater, TorchBackend, reference_logprobs
 from tests.step.test_batching import _assert_same, _policy, _rollouts
 from tests.step.test_shared_prompt import LOSSES
