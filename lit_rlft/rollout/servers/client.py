@@ -32,10 +32,7 @@ from __future__ import annotations
 
 import json
 import os
-import time
-import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -46,6 +43,7 @@ from lit_rlft.models.export import hf_weights
 from lit_rlft.models.sharding import hf_model, is_sharded
 from lit_rlft.rollout.engines.base import FinishReason, GenerationOutput, RolloutEngine, SamplingConfig, stop_token_ids
 from lit_rlft.rollout.servers.calls import ServerCallError, call
+from lit_rlft.rollout.servers.roster import Server, ServerError, ServerRoster, server_url
 from lit_rlft.rollout.servers.weight_sync import LORA_NAME, WeightSync, WeightSyncError
 from lit_rlft.runtime.distributed import LocalCollective, Ranks
 
@@ -55,37 +53,12 @@ TOKEN_ENV = "LIT_RLFT_SYNC_TOKEN"
 API_KEY_ENV = "LIT_RLFT_API_KEY"
 
 
-class ServerError(RuntimeError):
-    """Generation on the servers failed: the message names the server(s), what was asked and why."""
-
-
-@dataclass
-class _Server:
-    url: str  # http://host:port
-    alive: bool = True
-    cause: str = ""  # why it was dropped
-
-    @property
-    def name(self) -> str:
-        return self.url.removeprefix("http://").removeprefix("https://")
-
-
 class _Failed(Exception):
     """One request failed; ``server_fault``: the server is to blame (it is dropped), else the request itself."""
 
     def __init__(self, message: str, server_fault: bool = True):
         super().__init__(message)
         self.server_fault = server_fault
-
-
-def _url(address: str) -> str:
-    address = address.strip().rstrip("/")
-    if not address.startswith(("http://", "https://")):
-        address = "http://" + address
-    host_port = address.split("://", 1)[1]
-    if ":" not in host_port or not host_port.rsplit(":", 1)[1].isdigit():
-        raise ValueError(f"ServerEngine: a server is host:port (e.g. 127.0.0.1:8000), got {address!r}")
-    return address
 
 
 class ServerEngine(RolloutEngine):
@@ -128,10 +101,8 @@ class ServerEngine(RolloutEngine):
         if backend not in ("auto", "gloo", "nccl") or lora_sync not in ("merged", "adapter"):
             raise ValueError(f"ServerEngine: backend is auto | gloo | nccl and lora_sync merged | adapter; got "
                              f"{backend!r}, {lora_sync!r}")
-        self.servers = [_Server(_url(u)) for u in urls]
-        if len({s.url for s in self.servers}) != len(self.servers):
-            raise ValueError(f"ServerEngine: a server is listed twice in {urls}")
-        _url(rendezvous)  # checked: host:port
+        self.roster = ServerRoster(urls, timeout_s)  # which servers serve (health, drops, take-back)
+        server_url(rendezvous)  # checked: host:port
         self.rendezvous, self.backend, self.timeout_s = rendezvous, backend, float(timeout_s)
         self.api_key, self.sync_token = api_key, sync_token
         self.changed_only, self.bucket_mib, self.lora_sync = changed_only, bucket_mib, lora_sync
@@ -139,7 +110,6 @@ class ServerEngine(RolloutEngine):
         self.version = -1  # the weights version the servers hold (none pushed yet)
         self.last_sync_bytes = None
         self.last_sync_s = 0.0
-        self.dropped = 0  # servers dropped since the start
         self.stop_ids: list[int] = []
         self.pad_token_id = 0
         self.lora_name: str | None = None  # the adapter's name requests ask for (adapter sync)
@@ -190,10 +160,7 @@ class ServerEngine(RolloutEngine):
         answers: list[list[dict[str, Any]] | None] = [None] * len(prompts)
         todo = list(range(len(prompts)))
         while todo:
-            live = [s for s in self.servers if s.alive]
-            if not live:
-                causes = "; ".join(s.cause for s in self.servers)
-                raise ServerError(f"no generation server is left while {self.doing} ({causes})")
+            live = self.roster.live(self.doing)
             rank = self.ranks.rank
             assigned = [(i, live[(i + rank) % len(live)]) for i in todo]  # ranks start on different servers
             results = self._map(lambda job: self._ask(job[1], bodies[job[0]], job[0], G), assigned)
@@ -202,7 +169,7 @@ class ServerEngine(RolloutEngine):
                 if isinstance(result, _Failed):
                     if not result.server_fault:
                         raise ServerError(str(result)) from None
-                    self._drop(server, str(result), [s for s in live if s.alive])
+                    self.roster.drop(server, str(result), [s for s in live if s.alive])
                     todo.append(i)
                 else:
                     answers[i] = result
@@ -219,7 +186,7 @@ class ServerEngine(RolloutEngine):
             body["model"] = self.lora_name
         return body
 
-    def _ask(self, server: _Server, body: dict[str, Any], index: int, G: int) -> list[dict[str, Any]] | _Failed:
+    def _ask(self, server: Server, body: dict[str, Any], index: int, G: int) -> list[dict[str, Any]] | _Failed:
         """Prompt ``index``'s ``G`` completions from ``server``: ``[{tokens, logprobs, finish, version}]``, or why not."""
         action = f"{self.doing} (prompt {index}, {G} completions)"
         try:
@@ -271,30 +238,11 @@ class ServerEngine(RolloutEngine):
         reasons: list[FinishReason] = [c["finish"] for c in completions]
         return GenerationOutput(ids, mask, logprobs, reasons, versions=[c["version"] for c in completions])
 
-    def _drop(self, server: _Server, cause: str, others: list[_Server]) -> None:
-        if not server.alive:
-            return
-        server.alive, server.cause = False, cause
-        self.dropped += 1
-        left = [s for s in others if s is not server]
-        warnings.warn(f"generation server failed: {cause}. "
-                      + (f"Its prompts go to the {len(left)} other server(s) and it is dropped ({self.dropped} "
-                         "dropped so far; it is taken back at a weight push once it answers /health again)"
-                         if left else "No other server is left."), RuntimeWarning, stacklevel=3)
-
     def _map(self, fn: Any, items: list[Any]) -> list[Any]:
         if self._threads is None:
-            self._threads = ThreadPoolExecutor(max_workers=self.max_concurrency * len(self.servers),
+            self._threads = ThreadPoolExecutor(max_workers=self.max_concurrency * len(self.roster.servers),
                                                thread_name_prefix="lit_rlft-servers")
         return list(self._threads.map(fn, items))
-
-    def healthy(self, server: _Server) -> bool:
-        """Whether ``server`` answers ``/health`` (within a few seconds)."""
-        try:
-            call(server.url, "/health", timeout_s=min(5.0, self.timeout_s), action="checking it", method="GET")
-        except ServerCallError:
-            return False
-        return True
 
     # -- weights -------------------------------------------------------------------------------------------------
     def sync_weights(self, policy: nn.Module, version: int | None = None, full: bool = False) -> None:
@@ -325,17 +273,10 @@ class ServerEngine(RolloutEngine):
         if self._sync is None:
             _ = self.token  # a missing token is said before anything waits for the servers
         if self.version == -1:
-            self._wait_for_servers()
-        for server in self.servers:
-            if not server.alive and self.healthy(server):
-                server.alive, server.cause = True, ""
-                warnings.warn(f"generation server {server.name} answers again: taken back (the full weights are "
-                              "pushed to every server)", RuntimeWarning, stacklevel=2)
+            self.roster.wait_until_healthy(self.start_timeout_s)
+        self.roster.take_back()
         while True:
-            live = [s for s in self.servers if s.alive]
-            if not live:
-                causes = "; ".join(s.cause for s in self.servers)
-                raise ServerError(f"no generation server is left to push weights version {version} to ({causes})")
+            live = self.roster.live(self.doing, f"no generation server is left to push weights version {version} to")
             try:
                 self._send(named, version, full, live)
                 return
@@ -345,22 +286,10 @@ class ServerEngine(RolloutEngine):
                 if failed is None or len(live) == 1:
                     raise ServerError(f"pushing weights version {version} to {', '.join(s.name for s in live)} "
                                       f"failed: {exc}") from exc
-                self._drop(failed, f"{failed.name} while pushing weights version {version}: {exc}", live)
+                self.roster.drop(failed, f"{failed.name} while pushing weights version {version}: {exc}", live)
                 full = True
 
-    def _wait_for_servers(self) -> None:
-        """Until every server answers ``/health``, at most ``start_timeout_s``; the late ones are dropped."""
-        deadline = time.monotonic() + self.start_timeout_s
-        waiting = [s for s in self.servers if s.alive]
-        while waiting and time.monotonic() < deadline:
-            waiting = [s for s in waiting if not self.healthy(s)]
-            if waiting:
-                time.sleep(1.0)
-        for server in waiting:
-            self._drop(server, f"{server.name} did not answer /health within {self.start_timeout_s:g} s "
-                               "(ServerEngine start_timeout_s)", self.servers)
-
-    def _send(self, named: Any, version: int, full: bool, live: list[_Server]) -> None:
+    def _send(self, named: Any, version: int, full: bool, live: list[Server]) -> None:
         urls = [s.url for s in live]
         if self._sync is None:
             token = self.token  # first: a missing token is said before anything is opened
@@ -385,7 +314,7 @@ class ServerEngine(RolloutEngine):
 
     def metrics(self) -> dict[str, float]:
         """``servers/alive``, ``servers/dropped`` (since the start)."""
-        return {"servers/alive": float(sum(s.alive for s in self.servers)), "servers/dropped": float(self.dropped)}
+        return self.roster.metrics()
 
     def close(self) -> None:
         """Leave the weight-sync group and stop the request threads (the servers keep running)."""
