@@ -13,10 +13,10 @@ accuracy (the mean over TRL's seeds) is its first crossing of it by one rule, TR
 their mean at or before their end, so TRL is no longer charged its whole budget).
 
 Writes ``<out>/time_to_trl.json`` (the study's summary, ``"format": 2``), the study's own ``report.md`` and figures,
-and prints the table. ``benchmarks/results/time_to_trl_*.json`` recorded before the product (format 1: lit_rlft's
-clock started before ``fit``, TRL's at ``on_train_begin``, TRL charged its whole training time) are still rendered
-as they were recorded (:func:`table`). The tables are the study library's (:mod:`benchmarks.study.trl_tables`,
-which the pages render the recorded ones with); ``table`` and ``result_table`` are importable from here too.
+and prints the table. ``benchmarks/results/time_to_trl_*.json`` are such records (those made before the product,
+format 1, with lit_rlft's clock started before ``fit``, TRL's at ``on_train_begin`` and TRL charged its whole training
+time, were regenerated). The table is the study library's (:mod:`benchmarks.study.trl_tables`, which the pages render
+the recorded ones with); ``result_table`` is importable from here too.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.study.config import STRATEGIES, StudyConfig  # noqa: E402
-from benchmarks.study.trl_tables import result_table, table  # noqa: E402, F401 (table: re-exported)
+from benchmarks.study.trl_tables import result_table  # noqa: E402
 
 ACCURACY = "val/accuracy/learnable"
 

@@ -62,7 +62,7 @@ def time_to_trl_lines(path: Path) -> list[str]:
     if result is None:
         raise FileNotFoundError(f"{path}: missing or unreadable")
     return [f"`{result['command']}` (seeds {result['seeds']}, pool {result['pool_size']:,}; "
-            f"`{path.relative_to(REPO)}`):", "", *result_table(result).splitlines()]
+            f"`{path.relative_to(REPO)}`):", "", *result_table(result, source=str(path)).splitlines()]
 
 
 #: ``make demo``'s report (``runs/demo/report.json`` of a fresh clone, copied here): the README's demo table.

@@ -239,7 +239,7 @@ def _catches(pid: int, sig: int) -> bool:
 
 
 def test_a_dead_reaper_is_restarted_with_every_watched_group() -> None:
-    from lit_rlft.core import processes
+    from lit_rlft.runtime import processes
 
     first, first_grandchild = _sleepers()
     second, second_grandchild = _sleepers()

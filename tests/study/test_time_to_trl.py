@@ -46,10 +46,16 @@ def test_the_smallest_setting_runs_trl_and_lit_rlft_and_summarises_the_crossings
     assert "| trl |" in result["table_markdown"] and "- **uniform**" in result["table_markdown"]
 
 
-def test_format_one_records_render_as_recorded():
+def test_the_recorded_tables_are_format_two_and_a_format_one_record_is_refused_with_its_command():
     from pathlib import Path
 
-    recorded = json.loads((Path(time_to_trl.REPO) / "benchmarks" / "results" / "time_to_trl_pool4000.json").read_text())
-    assert "format" not in recorded  # made before the product: its own table, as the README shows it
-    assert time_to_trl.result_table(recorded) == time_to_trl.table(recorded["summary"])
-    assert time_to_trl.result_table(recorded).startswith("TRL's final held-out accuracy (3 and 4 numbers): 0.295")
+    for name in ("time_to_trl_pool4000.json", "time_to_trl_skewed_pool1000.json"):
+        recorded = json.loads((Path(time_to_trl.REPO) / "benchmarks" / "results" / name).read_text())
+        assert recorded["format"] == 2
+        trl = recorded["summary"]["strategies"]["trl"]["final"]["accuracy"]["mean"]
+        assert time_to_trl.result_table(recorded) == recorded["table_markdown"]
+        assert f"against trl's {trl:.3f}" in recorded["table_markdown"]
+    old = {"command": "python -m benchmarks.time_to_trl --out runs/x", "summary": {"trl_final_accuracy": 0.3}}
+    with pytest.raises(ValueError, match=r"old\.json is a time-to-TRL record of format 1.*regenerate it with: "
+                                         r"python -m benchmarks\.time_to_trl --out runs/x"):
+        time_to_trl.result_table(old, source="old.json")

@@ -60,7 +60,7 @@ def _descendants(pid: int) -> set[int]:
 
 def _kill(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30  # a loaded machine can take seconds to end a killed process
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.01)
 
@@ -106,7 +106,7 @@ def _wrap_kill(obj, name: str, step, *, after_s: float = 0.0, when=lambda *a: Tr
 
 PATHS = {
     # the trainer pushes the weights of step 0's update to a process that died meanwhile
-    "push": dict(target="push", after_s=0.0, doing=r"pushing weights version 1", reward=COIN),
+    "push": dict(target="sync_weights", after_s=0.0, doing=r"pushing weights version 1", reward=COIN),
     # the trainer waits for its batch while the process is scoring it
     "receive": dict(target="receive", after_s=0.5, doing=r"receiving the train rollouts of 4 prompts requested at "
                                                             r"step \d", reward="tests.rollout.sources.test_process.slow_coin"),
