@@ -12,11 +12,12 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# The CPU kernels recorded figures are computed with: ATen's vector kernels, MKL's code path and oneDNN's ISA held at
-# AVX2 on x86-64 (the machine the README's figures come from has AVX2 and no AVX-512). The last bits of every
-# forward pass depend on them, and a demo's warm start with them: same code, packages and seeds gave 0.390 and 0.377
-# on two machines. KERNELS= uses the machine's best kernels; the result JSONs record which were used.
-KERNELS ?= $(if $(filter x86_64,$(shell uname -m)),ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2)
+# The CPU kernels: the last bits of every forward pass depend on the CPU's (ATen's vector ISA, MKL's code path), and a
+# demo's warm start with them: the same code, packages and seeds print one table on AMD EPYC (AVX2) and another on
+# Intel Xeon (AVX-512); the README shows both. Holding ATen, MKL and oneDNN at AVX2 does not make the two agree (on the
+# Intel machine it printed a third table), so the machine's own kernels are used. KERNELS="ATEN_CPU_CAPABILITY=avx2 ..."
+# sets such variables for demo, bench and the studies; the result JSONs record the kernels used (kernel_env).
+KERNELS ?=
 RUN := env $(KERNELS)
 
 .PHONY: lock lock-vllm install test test-all test-vllm vllm-env smollm2 lint demo bench study study-quick study-gsm8k clean

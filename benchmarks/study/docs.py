@@ -67,6 +67,9 @@ def time_to_trl_lines(path: Path) -> list[str]:
 
 #: ``make demo``'s report (``runs/demo/report.json`` of a fresh clone, copied here): the README's demo table.
 DEMO_REPORT = REPO / "docs" / "results" / "demo_report.json"
+#: The recorded demo reports by README block: one per kind of CPU, whose kernels give other last bits and so another
+#: warm start (``demo-table``: AMD EPYC, AVX2; ``demo-table-avx512``: Intel Xeon, AVX-512).
+DEMO_REPORTS = {"demo-table": DEMO_REPORT, "demo-table-avx512": REPO / "docs" / "results" / "demo_report_avx512.json"}
 
 
 def demo_lines(path: Path | None = None) -> list[str]:
@@ -131,9 +134,10 @@ def product_study_lines(path: Path) -> list[str]:
 def extra_blocks() -> dict[str, Callable[[], list[str]]]:
     """Blocks built from their own records, not from ``docs/results/study.json``: the saving against passes and
     by policy size (:mod:`benchmarks.study.passes`), the time-to-TRL tables (:data:`TIME_TO_TRL`) and the product
-    studies (:data:`PRODUCT_STUDIES`) and the demo's table (:data:`DEMO_REPORT`)."""
-    out: dict[str, Callable[[], list[str]]] = {"saving-vs-passes": passes_block, "policy-size": policy_lines,
-                                               "demo-table": lambda: demo_lines()}
+    studies (:data:`PRODUCT_STUDIES`) and the demo's tables (:data:`DEMO_REPORTS`)."""
+    out: dict[str, Callable[[], list[str]]] = {"saving-vs-passes": passes_block, "policy-size": policy_lines}
+    for name, path in DEMO_REPORTS.items():
+        out[name] = lambda p=path: demo_lines(p)
     for name, path in TIME_TO_TRL.items():
         out[name] = lambda p=path: time_to_trl_lines(p)
     for name, path in PRODUCT_STUDIES.items():
@@ -220,8 +224,11 @@ def main(argv: list[str] | None = None) -> int:
                         "with --command, then regenerate")
     p.add_argument("--command", help="the command that made the recorded study (with --record)")
     p.add_argument("--record-demo", type=Path, metavar="REPORT_JSON",
-                   help=f"record a fresh clone's make demo report (runs/demo/report.json) as {DEMO_REPORT.name}, "
-                        "the README's demo table, then regenerate")
+                   help="record a fresh clone's make demo report (runs/demo/report.json) as the README's demo "
+                        "table --demo-block, then regenerate")
+    p.add_argument("--demo-block", default="demo-table", choices=sorted(DEMO_REPORTS),
+                   help="which recorded demo report --record-demo writes (one per kind of CPU; default demo-table: "
+                        f"{DEMO_REPORT.name})")
     a = p.parse_args(argv)
     if a.record:
         source, name = a.record
@@ -234,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--record-demo {a.record_demo}: not a make demo report.json (no 'before'/'after')")
         from lit_rlft.study.jsonio import write_json
 
-        print(f"recorded {write_json(DEMO_REPORT, report)}")
+        print(f"recorded {write_json(DEMO_REPORTS[a.demo_block], report)}")
     if not a.check:
         write(a.study)
     problems = check(a.study)

@@ -12,6 +12,7 @@ Steps (each skipped when its output already exists, so an interrupted demo resum
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +25,9 @@ from lit_rlft.reporting import plot_curves, read_scalars
 from lit_rlft.study.jsonio import write_result
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+#: The recorded demo reports the README's tables are generated from (``docs/results/demo_report*.json``, one per kind
+#: of CPU; in a clone, not in an installed package).
+RECORDED = Path(__file__).resolve().parents[2] / "docs" / "results"
 
 
 LEARNABLE = ("val/accuracy/difficulty_3", "val/accuracy/difficulty_4")
@@ -69,6 +73,33 @@ def demo_table(before: dict[str, float], after: dict[str, float]) -> list[str]:
         change = f"**{a - b:+.3f}**" if bold else f"{a - b:+.3f}"
         rows.append(f"| {label} | {n:,} | {b:.3f} | {a:.3f} | {change} |")
     return rows
+
+
+def cpu_label(environment: dict[str, Any]) -> str:
+    """``"AMD EPYC, AVX2"``: a recorded environment's CPU model and widest vector set (AVX-512, AVX2 or neither)."""
+    flags = set(environment.get("cpu_vector_flags") or ())
+    width = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    return f"{environment.get('cpu') or 'unknown CPU'}, {width}"
+
+
+def recorded_match(table: list[str], environment: dict[str, Any], folder: Path = RECORDED) -> str | None:
+    """One line saying which recorded demo report (``folder/demo_report*.json``) gives ``table`` (:func:`demo_table`)
+    to the digit, or that none does, with the CPUs they were recorded on and this one's (``environment``, as
+    :func:`lit_rlft.study.environment.environment` writes it). None when there is no recorded report (an installed
+    package, not a clone)."""
+    recorded = []
+    for path in sorted(folder.glob("demo_report*.json")):
+        report = json.loads(path.read_text(encoding="utf-8"))
+        recorded.append((path, demo_table(report["before"], report["after"]), cpu_label(report["environment"])))
+    if not recorded:
+        return None
+    for path, lines, cpu in recorded:
+        if lines == table:
+            return f"This table is the README's recorded on {cpu} ({path.name}), to the digit."
+    return (f"This table differs from the README's recorded ones ({'; '.join(cpu for _, _, cpu in recorded)}); "
+            f"this machine: {cpu_label(environment)}, torch kernels {environment.get('cpu_capability')}. The CPU's "
+            "kernels move the last bits of every forward pass, and a different warm start follows: see the README's "
+            "demo section.")
 
 
 def warm_start_then_grpo(out: Path, sft_config: Path, grpo_config: Path, version: str, threads: int,
@@ -131,13 +162,14 @@ def run(out: Path, threads: int, grpo_steps: int | None, sft_steps: int | None,
     plot_curves(scalars, out / "curves.png")
     report = {"before": before, "after": after, "timings": timings, "steps": cli.model.grpo.rollout_step,
               "budget": cli.model.grpo.budget.state_dict()}
-    write_result(out / "report.json", report)
+    written = write_result(out / "report.json", report)
+    match = recorded_match(demo_table(before, after), json.loads(written.read_text(encoding="utf-8"))["environment"])
     lines = [
         "# lit_rlft CPU demo: GRPO on Countdown with a tiny policy", "",
         f"{cli.model.grpo.rollout_step} GRPO steps, {cli.model.grpo.budget.completions} completions, "
         f"SFT {timings['sft_s']:.0f} s, GRPO {timings['grpo_s']:.0f} s, total {timings['total_s']:.0f} s.", "",
         "Held-out accuracy (mean over samples at the training temperature; the README's table):", "",
-        *demo_table(before, after), "", "Every held-out series:", "",
+        *demo_table(before, after), "", *([match, ""] if match else []), "Every held-out series:", "",
         *_accuracy_table(before, after), "", "![curves](curves.png)", "",
     ]
     (out / "report.md").write_text("\n".join(lines))

@@ -24,8 +24,9 @@ PACKAGES = ("torch", "transformers", "lightning", "peft", "trl", "vllm", "vllm-c
             "jsonargparse", "lit_rlft")
 
 
-#: The variables that choose torch's CPU kernels (ATen's vector ISA, MKL's code path, oneDNN's ISA): the Makefile's
-#: ``KERNELS`` sets them so that figures recorded on one x86 CPU come back on another.
+#: The variables that choose torch's CPU kernels (ATen's vector ISA, MKL's code path, oneDNN's ISA), recorded as
+#: ``kernel_env``; the Makefile's ``KERNELS`` can set them (unset by default: holding them at AVX2 did not give an
+#: AMD EPYC's demo table on an Intel Xeon with AVX-512).
 KERNEL_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
 
 

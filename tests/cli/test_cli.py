@@ -303,6 +303,7 @@ def test_the_demo_runs_end_to_end_and_reports_the_step_and_budget(tmp_path):
     md = (tmp_path / "report.md").read_text()
     assert md.splitlines()[2].startswith("1 GRPO steps, 32 completions")
     assert "| accuracy | 12 |" in md and (tmp_path / "curves.png").is_file()
+    assert "This table differs from the README's recorded ones (AMD EPYC, AVX2; " in md  # the clone's records
 
 
 def test_empty_data_file_is_one_line_naming_the_option_and_file(tmp_path, capsys):

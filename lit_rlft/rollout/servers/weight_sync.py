@@ -24,7 +24,7 @@ sends only the tensors whose bytes changed, grown to whole vLLM layers (:func:`s
 ``lm_head.weight`` and ``model.embed_tokens.weight`` together both ways, since vLLM-CPU keeps a packed copy of a tied
 output layer). The digests cost one pass over the weights' bytes per push (a copy to the CPU for GPU tensors). The
 first push after :meth:`WeightSync.connect` is full unless every server is a process that received the last push
-(a restarted server starts from its checkpoint on disk). ``push(..., full=True)`` sends everything.
+(a restarted server starts from its checkpoint on disk). ``sync_weights(..., full=True)`` sends everything.
 
 Failures: every HTTP call and every collective is bounded by ``timeout_s``; a failure raises
 :class:`WeightSyncError` naming the server (``host:port``) and what was asked, e.g. ``127.0.0.1:8001 did not answer
@@ -268,7 +268,7 @@ class WeightSync:
         held: list[tuple[str, Tensor]] | None = None if factory else list(named_tensors)
         names, dtypes, shapes, digests = _describe(factory() if factory else held, self.changed_only)
         if len(set(names)) != len(names):
-            raise ValueError("WeightSync.push: a name appears twice")
+            raise ValueError("WeightSync.sync_weights: a name appears twice")
         send_all = full or not self.changed_only or not self._digests
         chosen = set(range(len(names))) if send_all else _changed(names, digests, self._digests)
         index = [i for i in range(len(names)) if i in chosen]
@@ -443,12 +443,12 @@ def _checked(named: NamedTensors, names: list[str], dtypes: list[str], shapes: l
     for i, (name, tensor) in enumerate(named):
         if i >= len(names) or name != names[i] or dtype_name(tensor.dtype) != dtypes[i] \
                 or list(tensor.shape) != shapes[i]:
-            raise ValueError(f"WeightSync.push: the weights' second pass differs from the first at {i} ({name})")
+            raise ValueError(f"WeightSync.sync_weights: the weights' second pass differs from the first at {i} ({name})")
         count += 1
         if i in chosen:
             yield tensor
     if count != len(names):
-        raise ValueError(f"WeightSync.push: the second pass gave {count} tensors, the first {len(names)}")
+        raise ValueError(f"WeightSync.sync_weights: the second pass gave {count} tensors, the first {len(names)}")
 
 
 def _rpc_result(answer: Any) -> dict[str, Any]:

@@ -1,0 +1,55 @@
+"""The demo's comparison of its table with the README's recorded ones (one per kind of CPU)."""
+
+from __future__ import annotations
+
+import json
+
+from lit_rlft.cli.demo import RECORDED, cpu_label, demo_table, recorded_match
+
+AMD = {"cpu": "AMD EPYC", "cpu_vector_flags": ["avx", "avx2", "fma"], "cpu_capability": "AVX2"}
+INTEL = {"cpu": "Intel(R) Xeon(R) Processor", "cpu_vector_flags": ["avx2", "avx512f", "avx512bw"],
+         "cpu_capability": "AVX512"}
+
+
+def _report(warm_all: float, environment: dict) -> dict:
+    before = {"val/accuracy": warm_all, "val/accuracy/difficulty_2": 0.78, "val/accuracy/difficulty_3": 0.316,
+              "val/accuracy/difficulty_4": 0.001, "val/accuracy/learnable": 0.158}
+    after = {"val/accuracy": 0.53, "val/accuracy/difficulty_2": 0.848, "val/accuracy/difficulty_3": 0.486,
+             "val/accuracy/difficulty_4": 0.23, "val/accuracy/learnable": 0.357, "val/n/accuracy": 1800.0,
+             "val/n/accuracy/difficulty_2": 633.0, "val/n/accuracy/difficulty_3": 581.0,
+             "val/n/accuracy/difficulty_4": 586.0, "val/n/accuracy/learnable": 1167.0}
+    return {"before": before, "after": after, "environment": environment}
+
+
+def test_the_cpu_label_names_the_model_and_widest_vector_set():
+    assert cpu_label(AMD) == "AMD EPYC, AVX2"
+    assert cpu_label(INTEL) == "Intel(R) Xeon(R) Processor, AVX-512"
+    assert cpu_label({"cpu_vector_flags": ["sse2"]}) == "unknown CPU, no AVX2"
+
+
+def test_a_table_equal_to_a_recorded_one_names_its_cpu_and_one_digit_off_names_both_machines(tmp_path):
+    (tmp_path / "demo_report.json").write_text(json.dumps(_report(0.377, AMD)))
+    (tmp_path / "demo_report_avx512.json").write_text(json.dumps(_report(0.390, INTEL)))
+    ours = _report(0.390, INTEL)
+    line = recorded_match(demo_table(ours["before"], ours["after"]), INTEL, tmp_path)
+    assert line == ("This table is the README's recorded on Intel(R) Xeon(R) Processor, AVX-512 "
+                    "(demo_report_avx512.json), to the digit.")
+    off = _report(0.391, INTEL)  # one digit off in the warm start's "all"
+    line = recorded_match(demo_table(off["before"], off["after"]), AMD, tmp_path)
+    assert line.startswith("This table differs from the README's recorded ones (AMD EPYC, AVX2; "
+                           "Intel(R) Xeon(R) Processor, AVX-512); this machine: AMD EPYC, AVX2, torch kernels AVX2.")
+
+
+def test_no_recorded_report_means_no_line(tmp_path):
+    assert recorded_match(["| anything |"], AMD, tmp_path) is None
+
+
+def test_the_clones_recorded_reports_are_the_readmes_and_differ():
+    """The README's tables come from these files (``benchmarks.study.docs``); the recorded CPUs differ and so do the
+    tables: the reason there are two."""
+    reports = {p.name: json.loads(p.read_text()) for p in sorted(RECORDED.glob("demo_report*.json"))}
+    assert set(reports) == {"demo_report.json", "demo_report_avx512.json"}
+    tables = {name: tuple(demo_table(r["before"], r["after"])) for name, r in reports.items()}
+    assert len(set(tables.values())) == 2
+    assert cpu_label(reports["demo_report.json"]["environment"]).endswith("AVX2")
+    assert cpu_label(reports["demo_report_avx512.json"]["environment"]).endswith("AVX-512")
