@@ -78,7 +78,8 @@ def demo_table(before: dict[str, float], after: dict[str, float]) -> list[str]:
 def cpu_label(environment: dict[str, Any]) -> str:
     """``"AMD EPYC, AVX2"``: a recorded environment's CPU model and widest vector set (AVX-512, AVX2 or neither)."""
     flags = set(environment.get("cpu_vector_flags") or ())
-    width = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    width = ("AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2" if flags
+             else "vector sets not recorded")
     return f"{environment.get('cpu') or 'unknown CPU'}, {width}"
 
 
