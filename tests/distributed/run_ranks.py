@@ -300,6 +300,10 @@ def main() -> None:
     probe.rank = trainer.global_rank
     trainer.fit(module, datamodule=dm, ckpt_path=a.resume)
     probe.finish(module.grpo)
+    if torch.distributed.is_initialized():
+        # c10d's threads joined before the interpreter exits: left to exit, a rank now and then aborted after its
+        # work was done ("terminate called without an active exception"; seen once, a resumed FSDP2 + LoRA run)
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
