@@ -9,6 +9,7 @@ from typing import Literal
 
 import numpy as np
 
+from lit_rlft.core.finite import check_finite
 from lit_rlft.models.embeddings import cached_embeddings
 from lit_rlft.selection.dots import DOTSSelector, load_predictor, pearson
 from lit_rlft.step.context import StepContext
@@ -52,6 +53,7 @@ class DifficultyPredictorConfig:
     embedding_batch_size: int = 64
 
     def __post_init__(self) -> None:
+        check_finite(self, "predictor")
         if self.update_every < 1:
             raise ValueError(f"update_every (mu) must be >= 1, got {self.update_every}")
         if self.reference_size < 1:

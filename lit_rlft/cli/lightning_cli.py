@@ -20,6 +20,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lit_rlft.cli.errors import condense_parser_error, describe_constructor_error
+from lit_rlft.core.finite import nonfinite_paths
 from lit_rlft.data.datamodule import PromptDataModule
 from lit_rlft.data.sources import DataValidationError
 from lit_rlft.lightning.checkpointing import (
@@ -100,12 +101,22 @@ class LitCLI(LightningCLI):
             command = next((a for a in argv if a in self.subcommands()), None)
             parser.command_parser = getattr(self, "_subcommand_parsers", {}).get(command)
         super().parse_arguments(parser, args)
+        self._refuse_nonfinite()
         path = self._ckpt_path()
         if path and is_local_checkpoint_path(path):
             try:
                 check_checkpoint(path)
             except CheckpointError as e:
                 fail(self._prog(), f"--ckpt_path: {e}")
+
+    def _refuse_nonfinite(self) -> None:
+        """A NaN or infinite number anywhere in the parsed config (a callback's settings included) is one line naming
+        its key, before anything is built."""
+        section = self.config.get("subcommand")
+        tree = (self.config[section] if section else self.config)
+        tree = tree.as_dict() if hasattr(tree, "as_dict") else dict(tree)
+        for path in nonfinite_paths(tree, ""):
+            fail(self._prog(), f"{path}: must be a finite number, got {_lookup(tree, path)}")
 
     def _parse_ckpt_path(self) -> None:
         """LightningCLI (2.6) unpickles ``ckpt_path`` here for its hyper-parameters: a corrupt file is one line."""
@@ -146,6 +157,13 @@ class SFTCLI(LitCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument("--ckpt_path", type=str | None, default=None,
                             help="resume from this checkpoint (a .ckpt file written by the Trainer)")
+
+
+def _lookup(tree: Any, path: str) -> Any:
+    for part in path.replace("[", ".[").split("."):
+        if part:
+            tree = tree[int(part[1:-1])] if part.startswith("[") else tree[part]
+    return tree
 
 
 @contextmanager

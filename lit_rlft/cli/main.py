@@ -4,6 +4,7 @@
     lit-rlft fit --config configs/countdown_tiny.yaml --print_config
     lit-rlft validate --config configs/countdown_tiny.yaml --ckpt_path runs/.../last.ckpt
     lit-rlft sft --config configs/sft_countdown_tiny.yaml      # supervised warm start, saves an HF checkpoint
+    lit-rlft probe --config my_run.yaml --prompts 64 --val-prompts 64   # before training: what would groups teach?
     lit-rlft study --config my_run.yaml --strategies uniform,dps --seeds 0,1,2 --completions 40000 --out runs/study
     lit-rlft dots-adapters --pairs pairs.jsonl --embedding-model PATH --out adapters.pt
     lit-rlft serve --model DIR --port 8001                      # a vLLM generation server (in .venv-vllm)
@@ -23,6 +24,7 @@ __all__ = ["COMMANDS", "fail", "grpo_cli", "main", "sft_cli"]
 #: Every command, with the line ``lit-rlft --help`` shows for it.
 COMMANDS = {
     **CLI_COMMANDS,
+    "probe": "before training: the pass rates, groups with a gradient and answer format the config's pool gives",
     "study": "which strategy pays on your model and data: arms x seeds at an equal budget of completions",
     "dots-adapters": "train DOTS' adapters offline from (prompt, success rate) pairs",
     "serve": "start a vLLM generation server that a trainer pushes weights to",
@@ -53,6 +55,13 @@ def study_cli(args: list[str] | None = None) -> None:
     raise SystemExit(study_main(args))
 
 
+def probe_cli(args: list[str] | None = None) -> None:
+    """``lit-rlft probe``: what the config's groups would teach, before any training (:mod:`lit_rlft.study.probe`)."""
+    from lit_rlft.cli.probe import main as probe_main
+
+    raise SystemExit(probe_main(args))
+
+
 def serve_cli(args: list[str] | None = None) -> None:
     """``lit-rlft serve``: vLLM's OpenAI server with lit_rlft's weight-sync extension (``docs/servers.md``)."""
     from lit_rlft.cli.serve import main as serve_main
@@ -60,7 +69,7 @@ def serve_cli(args: list[str] | None = None) -> None:
     serve_main(args)
 
 
-_DISPATCH = {"sft": sft_cli, "study": study_cli, "dots-adapters": dots_adapters_cli, "serve": serve_cli}
+_DISPATCH = {"sft": sft_cli, "probe": probe_cli, "study": study_cli, "dots-adapters": dots_adapters_cli, "serve": serve_cli}
 
 
 def top_level_help() -> str:

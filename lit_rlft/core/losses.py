@@ -38,6 +38,7 @@ from lit_rlft.core.aggregations import (
     sequence_sum_mean,
     token_mean,
 )
+from lit_rlft.core.finite import check_finite
 from lit_rlft.core.loss_masks import LOSS_MASKS, MaskInput, loss_token_mask
 from lit_rlft.core.surrogates import SURROGATES, Surrogate, SurrogateInput, level_mean
 
@@ -257,6 +258,7 @@ class GRPOLoss:
     """Cap of the mismatch ratio ``pi_old / mu`` (TRL's ``vllm_importance_sampling_clip_max``)."""
 
     def __post_init__(self) -> None:
+        check_finite(self, "model.loss")
         if self.epsilon <= 0:
             raise ValueError(f"`epsilon` must be > 0, got {self.epsilon!r}")
         if self.epsilon_high is None:

@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
+from lit_rlft.core.finite import check_finite
 from lit_rlft.models.tiny import TinyConfig, char_tokenizer, tiny_qwen2
 
 TINY = "tiny"
@@ -31,6 +32,7 @@ class LoRAConfig:
     target_modules: list[str] | str = field(default_factory=lambda: "all-linear")
 
     def __post_init__(self) -> None:
+        check_finite(self, "model.lora")
         if self.r < 1:
             raise ValueError(f"lora.r must be >= 1, got {self.r}")
 

@@ -129,3 +129,6 @@ def gsm8k_format_reward(completions: list[str], **kwargs: Any) -> list[float]:
     """
     return [1.0 if len(c) <= MAX_COMPLETION_CHARS and _MARKER in c
             and _number_in_segment(c.rsplit(_MARKER, 1)[1]) is not None else 0.0 for c in completions]
+
+
+gsm8k_format_reward.is_format_reward = True  # what `lit-rlft probe` reads as the share in the answer format

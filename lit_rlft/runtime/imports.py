@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["NO_ATTRIBUTE", "NO_MODULE", "import_object"]
+__all__ = ["NO_ATTRIBUTE", "NO_MODULE", "MissingExtra", "import_object", "require"]
 
 NO_MODULE = "cannot resolve {what} {path!r}: no module {module!r}"
 """Default message when no prefix of the path is a module; ``module`` is the path's first part."""
@@ -80,3 +80,25 @@ def import_object(
             obj = value
         return obj
     raise ValueError(no_module.format(what=what, path=path, module=parts[0]))
+
+
+class MissingExtra(ImportError):
+    """An optional dependency is not installed; the message says which extra installs it."""
+
+
+def require(module: str, install: str, what: str) -> Any:
+    """``importlib.import_module(module)``, or :class:`MissingExtra` saying that ``what`` needs it and how to install
+    it (``install``, e.g. ``"pip install 'lit_rlft[gym]'"``), when the module's top-level package is missing.
+
+    >>> require("no_such_package_here.x", "pip install 'lit_rlft[gym]'", "reasoning-gym tasks")
+    Traceback (most recent call last):
+    ...
+    lit_rlft.runtime.imports.MissingExtra: reasoning-gym tasks need the package 'no_such_package_here', which is not installed: pip install 'lit_rlft[gym]'
+    """
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        top = module.split(".")[0]
+        if exc.name is not None and (exc.name == top or module.startswith(exc.name + ".")):
+            raise MissingExtra(f"{what} need the package {top!r}, which is not installed: {install}") from None
+        raise

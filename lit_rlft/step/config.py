@@ -18,6 +18,7 @@ from dataclasses import MISSING, dataclass, field
 from typing import Any, Literal
 
 from lit_rlft.core.advantages import ScaleRewards
+from lit_rlft.core.finite import check_finite
 from lit_rlft.core.losses import GRPOLoss
 from lit_rlft.envs.base import Environment
 from lit_rlft.models.loading import LoRAConfig
@@ -57,6 +58,7 @@ class GenerationConfig:
     while the next one generates: reward models, judges and remote scorers overlap generation (1: generate, then
     score). Unsharded policies only; samples differ from one call's, so it is off by default."""
     def __post_init__(self) -> None:
+        check_finite(self, "model.generation")
         if self.score_chunks < 1:
             raise ValueError(f"model.generation.score_chunks must be >= 1, got {self.score_chunks}")
         if self.num_generations < 2:
@@ -101,6 +103,7 @@ class AsyncConfig:
     """Device of the generation process (None: cpu; e.g. cuda:1 to generate on a GPU of its own)."""
 
     def __post_init__(self) -> None:
+        check_finite(self, "model.asynchronous")
         if self.depth < 0:
             raise ValueError(f"model.asynchronous.depth must be >= 0 (0 = synchronous), got {self.depth}")
         if self.timeout_s <= 0 or (self.threads is not None and self.threads < 1):
@@ -135,6 +138,7 @@ class EpisodeConfig:
     observation_format: Literal["auto", "chat", "text"] = "auto"
 
     def __post_init__(self) -> None:
+        check_finite(self, "model.episodes")
         if self.max_turns < 1:
             raise ValueError(f"model.episodes.max_turns must be >= 1, got {self.max_turns}")
         if self.max_tokens is not None and self.max_tokens < 1:
@@ -204,6 +208,7 @@ class OptimConfig:
     this many in a row the run stops with an error (0 = never stop)."""
 
     def __post_init__(self) -> None:
+        check_finite(self, "model.optim")
         for name in ("num_iterations", "num_mini_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"model.optim.{name} must be >= 1, got {getattr(self, name)}")
@@ -280,6 +285,7 @@ class GRPOConfig:
     episodes: EpisodeConfig = field(default_factory=EpisodeConfig)
 
     def __post_init__(self) -> None:
+        check_finite(self, "model")
         self.tiny, self.lora = as_config(TinyConfig, self.tiny, None), as_config(LoRAConfig, self.lora, None)
         self.generation, self.asynchronous = moved_generation_keys(self.generation, self.asynchronous)
         self.generation = as_config(GenerationConfig, self.generation)

@@ -113,6 +113,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="settings", type=_setting, action="append", default=[], metavar="KEY=VALUE",
                    help="a shipped strategy's setting, repeatable, e.g. --set dps_decay=0.7")
     p.add_argument("--run-timeout", type=float, default=None, help="seconds after which a run is killed (default none)")
+    p.add_argument("--probe-prompts", type=int, default=d.probe_prompts,
+                   help=f"training and held-out prompts the probe samples before the runs (default {d.probe_prompts})")
+    p.add_argument("--no-probe", action="store_true", help="no probe before the runs")
     p.add_argument("--report-only", action="store_true", help="rebuild the report from the finished runs only")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -124,7 +127,8 @@ def settings_from_args(a: argparse.Namespace) -> StudySettings:
         out=a.out, jobs=a.jobs, threads=a.threads, baseline=a.baseline, eval_seed=a.eval_seed,
         train_subset=a.train_subset, train_generations=a.train_generations, groups=dict(a.group),
         eval_reward=a.eval_reward, arm_seeds=dict(a.arm_seeds), metric=a.metric,
-        strategy_settings=StrategySettings(**dict(a.settings)), run_timeout_s=a.run_timeout)
+        strategy_settings=StrategySettings(**dict(a.settings)), run_timeout_s=a.run_timeout, probe=not a.no_probe,
+        probe_prompts=a.probe_prompts)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,7 @@ from typing import Any
 
 from lit_rlft.runtime.imports import import_object
 
-__all__ = ["ConfigError", "dropped_callbacks", "fingerprint", "load_config", "merge", "run_config", "write_config"]
+__all__ = ["ConfigError", "build_cli", "dropped_callbacks", "fingerprint", "load_config", "merge", "run_config", "write_config"]
 
 #: Callbacks of the user's config that the study removes from every run (class paths; subclasses included).
 REPLACED = (
@@ -149,6 +149,29 @@ def run_config(base: dict[str, Any], arm_callbacks: Sequence[dict[str, Any]],
     config["model"] = model
     config["data"] = {**(config.get("data") or {}), "seed": int(seed)}
     return config
+
+
+def build_cli(config: dict[str, Any]) -> Any:
+    """``config`` through LightningCLI without running it (``run=False``), as ``lit-rlft fit`` would build it: the
+    CLI object, with ``.model`` (the ``GRPOModule``) and ``.datamodule``. A parse or constructor error becomes a
+    :class:`ConfigError` with the CLI's one-line message."""
+    import contextlib
+    import io
+    import tempfile
+
+    from lit_rlft.cli.lightning_cli import USER_ERRORS, grpo_cli
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_config(config, Path(tmp) / "config.yaml")
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                return grpo_cli(["--config", str(path)], run=False)
+        except SystemExit as e:
+            message = err.getvalue().strip().splitlines()
+            raise ConfigError(f"the run config does not build: {message[-1] if message else e}") from None
+        except USER_ERRORS as e:
+            raise ConfigError(f"the run config does not build: {e}") from None
 
 
 def fingerprint(*parts: Any) -> str:

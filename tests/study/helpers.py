@@ -23,3 +23,17 @@ class CrashAt(L.Callback):
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if pl_module.grpo.rollout_step == self.step and Path(self.flag).exists():
             raise RuntimeError("killed (tests.study.helpers.CrashAt)")
+
+
+def even_answer(completions: list[str], answer: list[Any], **columns: Any) -> list[float]:
+    """1 when the row's gold answer is an even number, whatever the completion: every group is all right or all
+    wrong, by the data alone (a probe's histogram checked by hand)."""
+    return [1.0 if int(a) % 2 == 0 else 0.0 for a in answer]
+
+
+def contains_digit(completions: list[str], **columns: Any) -> list[float]:
+    """1 when the completion contains a digit: the probe's answer format in tests."""
+    return [1.0 if any(ch.isdigit() for ch in c) else 0.0 for c in completions]
+
+
+contains_digit.is_format_reward = True

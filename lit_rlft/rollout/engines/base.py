@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from torch import Tensor, nn
 
+from lit_rlft.core.finite import check_finite
+
 FinishReason = Literal["stop", "length"]
 
 
@@ -25,6 +27,7 @@ class SamplingConfig:
     max_new_tokens: int = 256
 
     def __post_init__(self) -> None:
+        check_finite(self, "sampling")
         check_sampling(self.temperature, self.top_p, self.top_k, self.max_new_tokens)
 
 
