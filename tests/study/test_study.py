@@ -78,6 +78,11 @@ def test_two_arms_one_seed_end_to_end_then_resume(tmp_path):
     report = (out / "report.md").read_text()
     assert "## Verdict" in report and "- **mopps**: final held-out accuracy" in report
     assert "| mopps | `MoPPSCallback` |" in report
+    # the probe ran first, on the study's config, and heads the report (one seed: no claim on discrimination)
+    assert study["summary"]["discriminates"] is None
+    assert report.splitlines()[2].startswith("Probe before training (")
+    assert study["probe"]["verdict"] and study["probe"]["summary"]["splits"]["train"]["prompts"] == s.probe_prompts
+    assert (out / "probe" / "probe.png").stat().st_size > 1000
     for png in ("accuracy_vs_completions.png", "accuracy_vs_time.png"):
         assert (out / png).stat().st_size > 1000
     summary = study["summary"]["strategies"]["mopps"]
@@ -88,6 +93,7 @@ def test_two_arms_one_seed_end_to_end_then_resume(tmp_path):
     again = run_study(s, progress=False)
     assert again["timings"]["runs_executed"] == 0 and again["timings"]["runs_reused"] == 2
     assert [r["curve"] for r in again["runs"]] == [r["curve"] for r in study["runs"]]
+    assert again["probe"] == study["probe"]  # the probe of the same config is reused too
     s.strategy_settings.mopps_decay = 1.0
     changed = run_study(s, progress=False)
     assert changed["timings"]["runs_executed"] == 1

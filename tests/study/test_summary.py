@@ -111,3 +111,41 @@ def test_an_evaluation_does_not_depend_on_the_step_it_runs_at_and_leaves_trainin
     seeds = EvalSeeds(3)
     assert seeds.engine_seed(0, 0) == EvalSeeds(3).engine_seed(9, 0)
     assert np.isfinite(first["val/pass@1"])
+
+
+# -- when a study cannot discriminate ----------------------------------------------------------------------------
+def _gains(uniform_finals: list[float]) -> list[dict]:
+    """Made-up study: uniform starts at 0.10 on every seed and ends at ``uniform_finals``; dps always at 0.50."""
+    return ([run("uniform", s, [(0, 0.10), (100, 0.10), (200, f)]) for s, f in enumerate(uniform_finals)]
+            + [run("dps", s, [(0, 0.10), (100, 0.30), (200, 0.50)]) for s in range(len(uniform_finals))])
+
+
+def test_a_study_whose_baseline_did_not_measurably_learn_says_so_first():
+    from lit_rlft.study.report import discrimination_sentence, verdicts
+
+    s = summarise(_gains([0.05, 0.20, 0.10]), ["uniform", "dps"])
+    gain = s["strategies"]["uniform"]["gain"]["accuracy"]
+    # gains -0.05, +0.10, 0.00: mean 1/60, sd sqrt(0.0116667 / 2) = 0.076376, t(0.975, 2) = 4.3027
+    assert gain["mean"] == pytest.approx(1 / 60)
+    assert gain["low"] == pytest.approx(1 / 60 - 4.302653 * 0.076376 / math.sqrt(3), abs=1e-4)
+    assert s["discriminates"] is False
+    sentence = discrimination_sentence(s)
+    assert sentence.startswith("**This study cannot tell the arms apart**: uniform's held-out accuracy moved "
+                               "+0.017 [-0.173, +0.206] from the start (95% t-interval over its 3 seeds)")
+    lines = verdicts(s, ["uniform", "dps"])
+    # dps is +0.383 ahead on every seed, yet not called ahead: the baseline did not learn
+    assert "not a verdict, since uniform itself did not measurably learn" in lines[0]
+    assert "beyond the spread" not in " ".join(lines)
+
+
+def test_a_study_whose_baseline_learned_beyond_its_spread_gives_verdicts():
+    from lit_rlft.study.report import discrimination_sentence, verdicts
+
+    s = summarise(_gains([0.30, 0.35, 0.40]), ["uniform", "dps"])
+    # gains 0.20, 0.25, 0.30: mean 0.25, sd 0.05 -> [0.25 -+ 4.3027 * 0.05 / sqrt(3)] = [0.126, 0.374]
+    gain = s["strategies"]["uniform"]["gain"]["accuracy"]
+    assert (gain["low"], gain["high"]) == (pytest.approx(0.1258, abs=1e-4), pytest.approx(0.3742, abs=1e-4))
+    assert s["discriminates"] is True and discrimination_sentence(s) is None
+    assert "beyond the spread" in verdicts(s, ["uniform", "dps"])[0]
+    # one seed: no interval, no claim either way
+    assert summarise(_gains([0.30]), ["uniform", "dps"])["discriminates"] is None
