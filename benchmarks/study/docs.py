@@ -83,7 +83,44 @@ def demo_lines(path: Path | None = None) -> list[str]:
 
 
 #: Studies of the product (``lit-rlft study``) recorded for the pages, by block name (:func:`record`).
-PRODUCT_STUDIES = {"gsm8k-smollm2": REPO / "docs" / "results" / "gsm8k_smollm2_study.json"}
+PRODUCT_STUDIES = {"gsm8k-smollm2": REPO / "docs" / "results" / "gsm8k_smollm2_study.json",
+                   "gym-smollm2": REPO / "docs" / "results" / "gym_smollm2_study.json"}
+#: ``lit-rlft probe`` results recorded for the pages (``<out>/probe.json``), by block name (``--record-probe``).
+PRODUCT_PROBES = {"gsm8k-probe": REPO / "docs" / "results" / "gsm8k_smollm2_probe.json",
+                  "gym-probe": REPO / "docs" / "results" / "gym_smollm2_probe.json"}
+#: ``make demo-llm``'s report (``runs/demo_llm/report.json``, copied here by ``--record-llm-demo``).
+LLM_DEMO_REPORT = REPO / "docs" / "results" / "llm_demo_report.json"
+
+
+def probe_block_lines(path: Path) -> list[str]:
+    """A recorded probe: its command, then the probe's own markdown (:func:`lit_rlft.study.probe.probe_markdown`)
+    without its heading."""
+    from lit_rlft.study.probe import probe_markdown
+
+    recorded = read_json(path)
+    if recorded is None or "summary" not in recorded:
+        raise FileNotFoundError(f"{path}: missing or not a lit-rlft probe's probe.json")
+    env = recorded.get("environment") or {}
+    body = probe_markdown(recorded).splitlines()[2:]
+    return [f"`{recorded.get('command', '?')}` (`{path.relative_to(REPO)}`; {env.get('cpu', '?')}):", "", *body]
+
+
+def llm_demo_lines(path: Path = LLM_DEMO_REPORT) -> list[str]:
+    """``make demo-llm``'s table from its recorded report (:func:`lit_rlft.cli.demo.accuracy_table`)."""
+    from lit_rlft.cli.demo import accuracy_table
+
+    report = read_json(path)
+    if report is None or "before" not in report:
+        raise FileNotFoundError(f"{path}: missing or unreadable (make demo-llm; --record-llm-demo "
+                                "runs/demo_llm/report.json)")
+    t, env = report.get("timings") or {}, report.get("environment") or {}
+    return [f"`make demo-llm` (`{path.relative_to(REPO)}`; {env.get('cpu', '?')}, {env.get('torch_threads', '?')} "
+            f"threads): warm start {t.get('sft_s', 0) / 60:.1f} min, {report.get('steps')} GRPO steps "
+            f"({(report.get('budget') or {}).get('completions', 0):,} completions) "
+            f"{t.get('grpo_s', 0) / 60:.1f} min with the held-out evaluations; {t.get('total_s', 0) / 60:.1f} min "
+            "in all.", "", *accuracy_table(report["before"], report["after"])]
+
+
 #: Per-step series a recorded product study keeps (the rest of each run's TensorBoard stays in its run folder).
 RECORDED_SERIES = ("reward", "frac_reward_zero_std", "completions/mean_length", "completions/clipped_ratio",
                    "time/step_s", "time/generation_s", "budget/completions")
@@ -100,7 +137,7 @@ def record(study_json: Path, dest: Path, command: str) -> Path:
              "series": {t: v for t, v in (r.get("series") or {}).items() if t in RECORDED_SERIES}}
             for r in study["runs"]]
     keep = ("settings", "configs", "base_config", "dropped_callbacks", "marks", "step_completions", "threads",
-            "timings", "environment")
+            "timings", "environment", "probe")
     from lit_rlft.study.jsonio import write_json
 
     return write_json(dest, {**{k: study.get(k) for k in keep}, "command": command, "runs": runs})
@@ -109,7 +146,7 @@ def record(study_json: Path, dest: Path, command: str) -> Path:
 def product_study_lines(path: Path) -> list[str]:
     """A recorded product study: its command, the verdicts and the outcomes table, recomputed from its runs with the
     product's code (:func:`lit_rlft.study.study.summarise_study`)."""
-    from lit_rlft.study.report import held_out_rows, main_rows, verdicts
+    from lit_rlft.study.report import discrimination_sentence, held_out_rows, main_rows, probe_lines, verdicts
     from lit_rlft.study.settings import StudySettings
     from lit_rlft.study.study import summarise_study
 
@@ -125,6 +162,11 @@ def product_study_lines(path: Path) -> list[str]:
     target = summary["targets"].get("accuracy")
     lines = [f"`{recorded['command']}` (`{path.relative_to(REPO)}`; {env.get('cpu', '?')}, {versions}; "
              f"{recorded.get('timings', {}).get('runs_total_s', 0) / 3600:.1f} h of runs):", ""]
+    blind = discrimination_sentence(summary, settings.confidence)
+    if blind:
+        lines += [blind, ""]
+    if recorded.get("probe"):
+        lines += [probe_lines(recorded["probe"]), ""]
     if target is not None:
         lines += [f"Target: {summary['baseline']}'s final held-out accuracy, {target:.3f}.", ""]
     return [*lines, *verdicts(summary, arms, settings.confidence), "", *main_rows(summary, arms), "",
@@ -142,6 +184,9 @@ def extra_blocks() -> dict[str, Callable[[], list[str]]]:
         out[name] = lambda p=path: time_to_trl_lines(p)
     for name, path in PRODUCT_STUDIES.items():
         out[name] = lambda p=path: product_study_lines(p)
+    for name, path in PRODUCT_PROBES.items():
+        out[name] = lambda p=path: probe_block_lines(p)
+    out["llm-demo-table"] = llm_demo_lines
     return out
 
 
@@ -222,7 +267,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--record", nargs=2, metavar=("STUDY_JSON", "NAME"),
                    help=f"record a finished lit-rlft study as the pages' block NAME ({', '.join(PRODUCT_STUDIES)}), "
                         "with --command, then regenerate")
-    p.add_argument("--command", help="the command that made the recorded study (with --record)")
+    p.add_argument("--record-probe", nargs=2, metavar=("PROBE_JSON", "NAME"),
+                   help=f"record a lit-rlft probe's probe.json as the pages' block NAME ({', '.join(PRODUCT_PROBES)}), "
+                        "with --command, then regenerate")
+    p.add_argument("--record-llm-demo", type=Path, metavar="REPORT_JSON",
+                   help="record make demo-llm's report (runs/demo_llm/report.json) as the llm-demo-table block")
+    p.add_argument("--command", help="the command that made the recorded study or probe (with --record, "
+                                     "--record-probe)")
     p.add_argument("--record-demo", type=Path, metavar="REPORT_JSON",
                    help="record a fresh clone's make demo report (runs/demo/report.json) as the README's demo "
                         "table --demo-block, then regenerate")
@@ -235,6 +286,22 @@ def main(argv: list[str] | None = None) -> int:
         if name not in PRODUCT_STUDIES or not a.command:
             p.error(f"--record STUDY_JSON NAME needs NAME in {', '.join(PRODUCT_STUDIES)} and --command")
         print(f"recorded {record(Path(source), PRODUCT_STUDIES[name], a.command)}")
+    if a.record_probe:
+        source, name = a.record_probe
+        probe = read_json(Path(source))
+        if name not in PRODUCT_PROBES or not a.command or probe is None or "summary" not in probe:
+            p.error(f"--record-probe PROBE_JSON NAME needs a probe.json, NAME in {', '.join(PRODUCT_PROBES)} and "
+                    "--command")
+        from lit_rlft.study.jsonio import write_json
+
+        print(f"recorded {write_json(PRODUCT_PROBES[name], {**probe, 'command': a.command})}")
+    if a.record_llm_demo:
+        report = read_json(a.record_llm_demo)
+        if report is None or "before" not in report or "after" not in report:
+            p.error(f"--record-llm-demo {a.record_llm_demo}: not a make demo-llm report.json")
+        from lit_rlft.study.jsonio import write_json
+
+        print(f"recorded {write_json(LLM_DEMO_REPORT, report)}")
     if a.record_demo:
         report = read_json(a.record_demo)
         if report is None or "before" not in report or "after" not in report:
