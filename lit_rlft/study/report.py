@@ -10,6 +10,8 @@ import inspect
 from pathlib import Path
 from typing import Any
 
+from lit_rlft.study.stats import median
+
 __all__ = ["DASH", "at_marks_rows", "fmt_mean", "fmt_ratio", "recorded_settings", "settings_rows", "study_markdown",
            "table", "verdicts", "write_outputs"]
 
@@ -24,13 +26,16 @@ def fmt_mean(mi: dict[str, Any] | None, digits: int = 3, signed: bool = False) -
         return DASH
     sign = "+" if signed else ""
     text = f"{mi['mean']:{sign}.{digits}f}"
+    if mi.get("equal"):
+        return text + f" (all {mi['n']} equal)"
     if mi.get("low") is not None:
         text += f" [{mi['low']:{sign}.{digits}f}, {mi['high']:{sign}.{digits}f}]"
     return text
 
 
 def fmt_ratio(rs: dict[str, Any]) -> str:
-    """A ratio summary as ``0.71 [0.52, 0.97]``, with censoring said in words."""
+    """A ratio summary as ``0.71 [0.52, 0.97] (3/3 seed pairs)``: how many seed pairs it rests on, always, and the
+    censoring in words (``0.48 (1/3 seed pairs; 1/3 not reached; baseline 1/3 not reached)``)."""
     status = rs["status"]
     if status == "no_data":
         return DASH
@@ -44,14 +49,14 @@ def fmt_ratio(rs: dict[str, Any]) -> str:
     text = f"{rs['ratio']:.2f}"
     if rs["low"] is not None:
         text += f" [{rs['low']:.2f}, {rs['high']:.2f}]"
-    notes = []
+    notes = [f"{rs['n_used']}/{rs['n']} seed pairs"]
     if rs["a_not_reached"]:
         notes.append(f"{rs['a_not_reached']}/{rs['n']} not reached")
     if rs["b_not_reached"]:
         notes.append(f"baseline {rs['b_not_reached']}/{rs['n']} not reached")
     if rs.get("at_start"):
         notes.append(f"{rs['at_start']}/{rs['n']} met at start")
-    return text + (f" ({'; '.join(notes)})" if notes else "")
+    return text + f" ({'; '.join(notes)})"
 
 
 def table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -242,8 +247,8 @@ def main_rows(summary: dict[str, Any], strategies: list[str]) -> list[str]:
         crossing = r["crossing"]["accuracy"]
         reached = [x for x in crossing["completions"] if x is not None]
         walls = [x for x in crossing["wall_s"] if x is not None]
-        med_c = f"{sorted(reached)[len(reached) // 2]:,.0f}" if reached else DASH
-        med_w = f"{sorted(walls)[len(walls) // 2]:,.0f}" if walls else DASH
+        med_c = f"{median(reached):,.0f}" if reached else DASH
+        med_w = f"{median(walls):,.0f}" if walls else DASH
         rows.append([s, f"{r['n_ok']}" + (f" (+{r['n_failed']} failed)" if r["n_failed"] else ""),
                      fmt_mean(r["start"]["accuracy"]), fmt_mean(r["final"]["accuracy"]),
                      DASH if s == base else fmt_mean(r["final_diff"]["accuracy"], 3, True),

@@ -59,8 +59,23 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95) -> dict[str
         return {"mean": None, "low": None, "high": None, "n": 0}
     if v.size == 1:
         return {"mean": float(v[0]), "low": None, "high": None, "n": 1}
+    if np.all(v == v[0]):  # identical values: no spread (the float residue of std() would print one)
+        return {"mean": float(v[0]), "low": float(v[0]), "high": float(v[0]), "n": int(v.size), "equal": True}
     half = t_quantile(v.size - 1, confidence) * v.std(ddof=1) / math.sqrt(v.size)
     return {"mean": float(v.mean()), "low": float(v.mean() - half), "high": float(v.mean() + half), "n": int(v.size)}
+
+
+def median(values: Sequence[float]) -> float | None:
+    """The median (the mean of the two middle values for an even count); None without values.
+
+    >>> median([3.0, 1.0, 2.0]), median([4.0, 1.0, 3.0, 2.0]), median([])
+    (2.0, 2.5, None)
+    """
+    v = sorted(values)
+    if not v:
+        return None
+    mid = len(v) // 2
+    return float(v[mid]) if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
 
 
 def ratio_summary(pairs: Sequence[tuple[float | None, float | None]], confidence: float = 0.95) -> dict[str, Any]:
