@@ -12,12 +12,12 @@ skewed) differ, so the budget is ``budget / (G x pool)`` passes over the pool. E
 from its runs with the study's current code (:func:`benchmarks.study.recorded.load_study`). Per strategy and setting:
 
 - ``x uniform's completions``: the completions at which the strategy's held-out curve first reaches uniform's final
-  accuracy (3+4 numbers, mean over uniform's seeds), over the completions of the same seed's uniform run; geometric
-  mean over seeds [95% t-interval on log-ratios]; seeds that never reach it are counted, not averaged
+  accuracy (3+4 numbers, mean over uniform's seeds), over the completions at which the same seed's uniform run first
+  reached it (the one crossing rule); geometric mean over the seed pairs where both reached it [95% t-interval on
+  log-ratios], with the pairs it rests on; seeds that never reach it are counted, not averaged
   (:func:`lit_rlft.study.summary.to_baseline_final`). The saving is 1 minus it;
 - the paired final difference to uniform [95% t-interval];
-- the DPS paper's metric where dynamic sampling ran: the same ratio against dynamic sampling's final accuracy and
-  total completions;
+- where dynamic sampling ran: the same ratio against dynamic sampling's final accuracy and its own crossings;
 - the training wall-clock (evaluation excluded) and the distinct prompts trained on.
 
 The figure draws the first two against passes, one panel per composition.
@@ -125,15 +125,24 @@ def settings(directory: Path = PASSES_DIR, policy: str | None = "demo") -> list[
 
 
 def _ratio(summary: dict[str, Any] | None) -> str:
+    """``0.53x [0.27, 1.04] (3/3 seed pairs)``: the one crossing rule's ratio and the seed pairs it rests on."""
     if not summary or summary.get("n", 0) == 0:
         return "-"
-    never = summary.get("a_not_reached", 0)
+    never, base_never = summary.get("a_not_reached", 0), summary.get("b_not_reached", 0)
+    if summary.get("status") == "at_start":
+        return "met at start"
     if summary.get("ratio") is None:
-        return f"never ({never}/{summary['n']} seeds)"
+        return f"never ({never}/{summary['n']} seeds)" if never else f"baseline never ({base_never}/{summary['n']})"
     cell = f"{summary['ratio']:.2f}x"
-    if summary.get("low") is not None:
+    equal = summary.get("low") is not None and summary["low"] == summary["high"]
+    if summary.get("low") is not None and not equal:
         cell += f" [{summary['low']:.2f}, {summary['high']:.2f}]"
-    return cell + (f", {never}/{summary['n']} never" if never else "")
+    notes = [f"{summary['n_used']}/{summary['n']} seed pairs" + (", all equal" if equal else "")]
+    if never:
+        notes.append(f"{never} never")
+    if base_never:
+        notes.append(f"baseline {base_never} never")
+    return cell + f" ({'; '.join(notes)})"
 
 
 def _diff(d: dict[str, Any]) -> str:

@@ -143,9 +143,11 @@ BASELINE_FINAL_METHOD = (
     "sampling's own. Here for every strategy against dynamic sampling and against uniform. Target: the baseline's "
     "final held-out accuracy on 3+4 numbers, the mean over its seeds. Per seed: the completions at which the "
     "strategy's curve first reaches it (linear interpolation between the two evaluations around the crossing), "
-    "divided by the completions the same seed's baseline run spent in all. Geometric mean over seeds [95% t-interval "
-    "on log-ratios]; seeds that never reach the target are counted in 'reached' and left out of the mean. Ratio < 1: "
-    "fewer completions than the baseline spent.")
+    "divided by the completions at which the same seed's baseline run first reached it by the same rule (the one "
+    "crossing rule of every ratio to a baseline: the baseline is not charged its whole budget). Geometric mean over "
+    "the seed pairs where both reached it [95% t-interval on log-ratios], with the pairs it rests on; a seed of "
+    "either side that never reaches the target is counted and left out of the mean. Ratio < 1: fewer completions "
+    "than the baseline needed.")
 
 
 def _ratio_cell(row: dict[str, Any], brackets: bool = True) -> str:
@@ -157,14 +159,17 @@ def _ratio_cell(row: dict[str, Any], brackets: bool = True) -> str:
     return text + (f" ({row['low']:.2f}-{row['high']:.2f})" if brackets else "")
 
 
-def _spacing_text(cfg: StudyConfig, denominators: list[float]) -> str:
+def _spacing_text(cfg: StudyConfig, denominators: list[float | None]) -> str:
     spacing = cfg.budget_completions / cfg.num_evals
+    denominators = [d for d in denominators if d]
+    if not denominators:
+        return ""
     lo, hi = min(denominators), max(denominators)
     span = f"{lo:,.0f}" if lo == hi else f"{lo:,.0f}-{hi:,.0f}"
     share = f"{spacing / hi:.2f}" if f"{spacing / hi:.2f}" == f"{spacing / lo:.2f}" else \
         f"{spacing / hi:.2f}-{spacing / lo:.2f}"
     return (f"Evaluations come every {spacing:,.0f} completions, {share} of the "
-            f"baseline's {span}, so a crossing is only known to lie between two evaluations: the bracket after each "
+            f"baseline's crossings ({span}), so a crossing is only known to lie between two evaluations: the bracket after each "
             "per-seed ratio is (last evaluation below the target, first at or above it) over the same denominator, "
             "and the ratio itself interpolates linearly between them.") if lo > 0 else ""
 

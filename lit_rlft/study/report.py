@@ -47,9 +47,10 @@ def fmt_ratio(rs: dict[str, Any]) -> str:
     if status == "at_start":
         return "met at start"
     text = f"{rs['ratio']:.2f}"
-    if rs["low"] is not None:
+    equal = rs["low"] is not None and rs["low"] == rs["high"]
+    if rs["low"] is not None and not equal:
         text += f" [{rs['low']:.2f}, {rs['high']:.2f}]"
-    notes = [f"{rs['n_used']}/{rs['n']} seed pairs"]
+    notes = [f"{rs['n_used']}/{rs['n']} seed pairs" + (", all equal" if equal else "")]
     if rs["a_not_reached"]:
         notes.append(f"{rs['a_not_reached']}/{rs['n']} not reached")
     if rs["b_not_reached"]:

@@ -10,9 +10,10 @@ completions, rollout steps and training wall-clock; a curve that starts at or ab
 never reaches it is censored ("not reached"). Ratios to the baseline are paired by seed (the baseline's own first
 crossing of the same target as denominator) and summarised by :func:`~lit_rlft.study.stats.ratio_summary`.
 
-The DPS paper's own metric, :func:`to_baseline_final`: the completions a strategy needs to reach a *baseline's*
-final value (the mean over the baseline's seeds), as a share of the completions the baseline itself spent (same
-seed, its whole budget), for the baselines of ``final_baselines``. :func:`paired_at_marks`: the paired difference
+The DPS paper's metric by the same rule, :func:`to_baseline_final`: the completions a strategy needs to reach a
+*baseline's* final value (the mean over the baseline's seeds), over the completions the baseline itself needed to
+reach it (same seed, same crossing rule; the paper divides by the baseline's whole budget), for the baselines of
+``final_baselines``. :func:`paired_at_marks`: the paired difference
 to the baseline at every evaluation mark.
 """
 
@@ -156,15 +157,16 @@ def _ok_runs(runs: list[dict[str, Any]]) -> dict[str, dict[int, dict[str, Any]]]
 
 def to_baseline_final(runs: list[dict[str, Any]], strategies: list[str], baseline: str, confidence: float = 0.95,
                       key: str = TARGETS["accuracy"]) -> dict[str, Any]:
-    """Completions to reach ``baseline``'s final ``key`` (one pool size), as a share of the baseline's completions.
+    """Completions to reach ``baseline``'s final ``key`` (one pool size), over the baseline's own completions to it.
 
     Target: the baseline's final value, averaged over its seeds. Per seed: the strategy's first crossing of the
     target in cumulative completions (:func:`~benchmarks.study.stats.crossing_bracket`: linear interpolation
     between the two evaluations around it, which are kept as ``low`` / ``high`` so the evaluation spacing shows),
-    divided by the completions the baseline run of the same seed spent in all (its last evaluation). Summary:
-    geometric mean over seeds with a t-interval on the log-ratios (:func:`~benchmarks.study.stats.ratio_summary`;
-    seeds that never reach the target are censored and counted). Without a baseline run ``target`` is None and
-    ``strategies`` empty.
+    divided by the baseline run's of the same seed, found by the same rule (the one crossing rule of every ratio
+    to a baseline: the baseline is not charged its whole budget; a baseline seed that never reaches its own mean is
+    censored and counted, as a strategy's). Summary: geometric mean over the seed pairs where both crossed, with a
+    t-interval on the log-ratios (:func:`~benchmarks.study.stats.ratio_summary`, ``n_used`` the pairs it rests on).
+    Without a baseline run ``target`` is None and ``strategies`` empty.
     """
     by = _ok_runs(runs)
     base = by.get(baseline, {})
@@ -174,18 +176,20 @@ def to_baseline_final(runs: list[dict[str, Any]], strategies: list[str], baselin
                            "baseline_seeds": sorted(base), "strategies": {}}
     if out["target"] is None:
         return out
+
+    def first(curve: list[dict[str, Any]]) -> tuple[float, float, float] | None:
+        return crossing_bracket([p["completions"] for p in curve], [p.get(key) for p in curve], out["target"])
+
     for s in strategies:
         pairs, rows = [], []
         for seed in sorted(set(by.get(s, {})) & set(base)):
-            curve = by[s][seed]["curve"]
-            denominator = float(base[seed]["curve"][-1]["completions"])
-            found = crossing_bracket([p["completions"] for p in curve], [p.get(key) for p in curve], out["target"])
-            x = None if found is None else found[0]
-            pairs.append((x, denominator))
-            rows.append({"seed": seed, "completions": x, "baseline_completions": denominator,
-                         "ratio": None if found is None else found[0] / denominator,
-                         "low": None if found is None else found[1] / denominator,
-                         "high": None if found is None else found[2] / denominator})
+            found, own = first(by[s][seed]["curve"]), first(base[seed]["curve"])
+            x, b = (None if found is None else found[0]), (None if own is None else own[0])
+            pairs.append((x, b))
+            usable = x is not None and b is not None and b > 0
+            rows.append({"seed": seed, "completions": x, "baseline_completions": b,
+                         "ratio": x / b if usable else None,
+                         "low": found[1] / b if usable else None, "high": found[2] / b if usable else None})
         out["strategies"][s] = {"per_seed": rows, "summary": ratio_summary(pairs, confidence)}
     return out
 
