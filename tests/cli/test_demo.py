@@ -54,3 +54,24 @@ def test_the_clones_recorded_reports_are_the_readmes_and_differ():
     assert len(set(tables.values())) == 2
     assert cpu_label(reports["demo_report.json"]["environment"]) == "AMD EPYC, AVX2"
     assert cpu_label(reports["demo_report_avx512.json"]["environment"]) == "Intel(R) Xeon(R) Processor, AVX-512"
+
+
+def test_the_verdict_checks_the_goal_and_the_recorded_spread_not_the_digits(tmp_path):
+    from lit_rlft.cli.demo import demo_verdict
+
+    (tmp_path / "demo_report.json").write_text(json.dumps(_report(0.377, AMD)))  # learnable 0.158 -> 0.357
+    high = _report(0.390, INTEL)
+    high["after"]["val/accuracy/learnable"] = 0.367
+    (tmp_path / "demo_report_avx512.json").write_text(json.dumps(high))
+    # another machine's digits (the issue's AMD EPYC): 0.506 / 0.210 on 3 / 4 numbers, easy 0.848 -> 0.850
+    ours = _report(0.377, AMD)
+    ours["after"].update({"val/accuracy/learnable": (0.506 * 581 + 0.210 * 586) / 1167, "val/accuracy/difficulty_2": 0.850})
+    lines = demo_verdict(ours["before"], ours["after"], tmp_path)
+    assert lines[0] == ("Goal met: the learnable part gained +0.199 (goal at least +0.15) and the easy bucket moved "
+                        "+0.070 (no loss beyond 0.015).")
+    assert lines[1] == ("After GRPO the learnable part is 0.357: within the 2 recorded machines' 0.357-0.367 (gains "
+                        "+0.199 to +0.209), give or take the evaluation's 0.015.")
+    ours["after"]["val/accuracy/difficulty_2"] = 0.76  # a loss on the easy bucket beyond the noise: not met
+    ours["after"]["val/accuracy/learnable"] = 0.30
+    lines = demo_verdict(ours["before"], ours["after"], tmp_path)
+    assert lines[0].startswith("Goal NOT met: the learnable part gained +0.142") and "outside" in lines[1]
