@@ -142,12 +142,19 @@ def _init_options(class_path: str) -> list[str]:
     return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
-def describe_constructor_error(error: BaseException) -> str:
+def describe_constructor_error(error: BaseException, config: Any = None) -> str:
     """One line for an exception raised while instantiating the config: the section and class whose ``__init__``
-    raised it (followed through jsonargparse's re-raising), then the original message's first line."""
-    root = error
-    while root.__cause__ is not None:
-        root = root.__cause__
+    raised it (followed through jsonargparse's re-raising), then the original message's first line. ``config``
+    (the parsed config, as a dict or a jsonargparse namespace) lets a union member's error name its key."""
+    chain = [error]
+    while chain[-1].__cause__ is not None:
+        chain.append(chain[-1].__cause__)
+    root = chain[-1]
+    if str(root).startswith("Expected a "):  # a union (``str | Task``) tried its first member last: the one meant
+        for e in chain:
+            reason = _union_reason(str(e), config)
+            if reason is not None:
+                return reason
     text = str(root).strip().splitlines()
     message = text[0] if text else type(root).__name__
     cls = _raising_class(root)
@@ -155,6 +162,59 @@ def describe_constructor_error(error: BaseException) -> str:
         return message  # no class to name, or the message names its option already
     path, section = f"{cls.__module__}.{cls.__qualname__}", _section(cls)
     return f"{section} ({path}): {message}" if section else f"{path}: {message}"
+
+
+def _union_reason(message: str, config: Any = None) -> str | None:
+    """The error of the union member a value was meant for, from jsonargparse's "Does not validate against any of the
+    Union subtypes" dump: the first listed error that is not a plain type mismatch (``Expected a <class 'str'>``),
+    prefixed with the key of ``config`` that holds the given ``class_path`` (or its section) and the class."""
+    if "Does not validate against any of the Union subtypes" not in message:
+        return None
+    items = [line.strip()[2:] for line in message.splitlines() if line.strip().startswith("- ")]
+    meant = [i for i in items if not i.startswith(("Expected a ", "Not a valid subclass"))]
+    if not meant:
+        return None
+    found = re.search(r"class_path='([\w.]+)'", message)
+    if not found:
+        return meant[0]
+    path = found.group(1)
+    reason = meant[0]
+    short = path.rpartition(".")[2]
+    if reason.startswith(f"{short}: "):
+        reason = reason[len(short) + 2:]  # the class names itself: say it once
+    where = _key_of_class_path(config, path)
+    if where is None:
+        module, _, name = path.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+            where = _section(cls) if isinstance(cls, type) else ""
+        except Exception:  # an import problem is reported by the parser itself; the reason still stands
+            where = ""
+    return f"{where} ({path}): {reason}" if where else f"{path}: {reason}"
+
+
+def _key_of_class_path(config: Any, path: str, prefix: str = "") -> str | None:
+    """The first dotted key of ``config`` whose value is ``{class_path: path, ...}`` (None: none, or no config)."""
+    if config is None:
+        return None
+    if hasattr(config, "as_dict"):
+        config = config.as_dict()
+    if isinstance(config, dict):
+        if config.get("class_path") == path and prefix:
+            return prefix
+        for k, v in config.items():
+            if k == "subcommand":
+                continue
+            found = _key_of_class_path(v, path, f"{prefix}.{k}" if prefix else str(k))
+            if found:
+                return found.split(".", 1)[1] if not prefix and k in ("fit", "validate", "test", "predict") and \
+                    "." in found else found
+    elif isinstance(config, list):
+        for i, v in enumerate(config):
+            found = _key_of_class_path(v, path, f"{prefix}[{i}]")
+            if found:
+                return found
+    return None
 
 
 def _raising_class(error: BaseException) -> type | None:

@@ -137,7 +137,7 @@ class LitCLI(LightningCLI):
         except _ARGUMENT_ERRORS as e:
             if _debug():
                 raise
-            fail(self._prog(), describe_constructor_error(e))
+            fail(self._prog(), describe_constructor_error(e, getattr(self, "config", None)))
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         """The Trainer, writing single-file checkpoints atomically (``AtomicCheckpointIO``) unless a custom checkpoint

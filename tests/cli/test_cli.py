@@ -121,19 +121,19 @@ def test_top_level_help_lists_every_command_with_one_line(capsys):
     out = capsys.readouterr().out
     assert out.startswith("usage: lit-rlft <command> [options]\n")
     commands = [line.split()[0] for line in out.split("commands:\n")[1].split("\n\n")[0].splitlines()]
-    assert commands == ["fit", "validate", "sft", "study", "dots-adapters", "serve"]
+    assert commands == ["fit", "validate", "sft", "probe", "study", "dots-adapters", "serve"]
     assert "  validate       held-out evaluation (data.val) of a policy or a --ckpt_path\n" in out
     assert "Not offered: test and predict" in out and "python -m benchmarks.study --help" in out
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    ([], "lit-rlft: error: a command is required: fit, validate, sft, study, dots-adapters, serve (see `lit-rlft --help`)"),
+    ([], "lit-rlft: error: a command is required: fit, validate, sft, probe, study, dots-adapters, serve (see `lit-rlft --help`)"),
     (["predict", "--config", "x.yaml"], "lit-rlft: error: 'predict' is not offered: GRPOModule has no predict_step "
      "(generation runs inside fit and validate); `lit-rlft validate` runs the held-out evaluation (data.val)"),
     (["test"], "lit-rlft: error: 'test' is not offered: GRPOModule has no test_step; `lit-rlft validate` runs the "
      "held-out evaluation (data.val)"),
-    (["fitt"], "lit-rlft: error: unknown command 'fitt': choose from fit, validate, sft, study, dots-adapters, serve "
-     "(see `lit-rlft --help`)"),
+    (["fitt"], "lit-rlft: error: unknown command 'fitt': choose from fit, validate, sft, probe, study, dots-adapters, "
+     "serve (see `lit-rlft --help`)"),
 ])
 def test_missing_unknown_and_unoffered_commands(capsys, argv, message):
     with pytest.raises(SystemExit) as exc:
@@ -460,3 +460,19 @@ def test_a_nan_in_a_callbacks_yaml_settings_is_refused_naming_the_key(tmp_path, 
         {"class_path": "lit_rlft.callbacks.DPSCallback", "init_args": {"decay": float("nan")}}))
     assert _error(capsys, ["fit", "--config", cfg]) == (
         "lit-rlft fit: error: trainer.callbacks[1].init_args.decay: must be a finite number, got nan")
+
+
+@pytest.mark.parametrize("init_args, expected", [
+    ({"name": "chain_summ"}, "data.train (lit_rlft.data.ReasoningGymTask): unknown reasoning-gym dataset "
+                             "'chain_summ' (did you mean chain_sum, decimal_chain_sum?)"),
+    ({"name": "chain_sum", "config": {"min_term": 2}}, "data.train (lit_rlft.data.ReasoningGymTask): chain_sum has no "
+                                                       "config key(s) min_term (its keys: min_terms, max_terms, "),
+])
+def test_an_unknown_reasoning_gym_task_or_config_key_fails_before_step_0_naming_it(tmp_path, capsys, init_args,
+                                                                                  expected):
+    pytest.importorskip("reasoning_gym")
+    cfg = _edited(tmp_path, lambda c: c["data"].update(
+        train={"class_path": "lit_rlft.data.ReasoningGymTask", "init_args": {**init_args, "size": 8}}))
+    err = _error(capsys, ["fit", "--config", cfg])
+    assert err.startswith("lit-rlft fit: error: ") and expected in err, err
+    assert "Expected a <class" not in err  # the member of `str | Task` that was meant, not the first tried
