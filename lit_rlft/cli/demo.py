@@ -205,18 +205,28 @@ def run(out: Path, threads: int, grpo_steps: int | None, sft_steps: int | None,
         "Every held-out series:", "",
         *accuracy_table(before, after), "", "![curves](curves.png)", "",
     ]
-    (out / "report.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    write_report(out, lines)
     return report
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=Path("runs/demo"), help="output directory")
+def write_report(out: Path, lines: list[str]) -> None:
+    """A demo's ``out/report.md`` (``lines``), printed too."""
+    (out / "report.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+def demo_args(doc: str | None, out: str, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The demos' command line: ``--out`` (default ``out``), ``--threads``, ``--grpo-steps``, ``--sft-steps``."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path(out), help="output directory")
     p.add_argument("--threads", type=int, default=2, help="torch threads")
     p.add_argument("--grpo-steps", type=int, default=None, help="override the GRPO config's max_steps")
     p.add_argument("--sft-steps", type=int, default=None, help="override the SFT config's max_steps")
-    a = p.parse_args()
+    return p.parse_args(argv)
+
+
+def main() -> None:
+    a = demo_args(__doc__, "runs/demo")
     run(a.out, a.threads, a.grpo_steps, a.sft_steps)
 
 

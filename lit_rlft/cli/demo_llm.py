@@ -14,11 +14,10 @@ About a quarter of an hour on 2 CPU cores (the warm start 6-7 minutes, GRPO 60 s
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
-from lit_rlft.cli.demo import CONFIGS, accuracy_table, warm_start_then_grpo
+from lit_rlft.cli.demo import CONFIGS, accuracy_table, demo_args, warm_start_then_grpo, write_report
 from lit_rlft.reporting import plot_curves, read_scalars
 from lit_rlft.study.jsonio import write_result
 
@@ -49,18 +48,12 @@ def run(out: Path, threads: int = 2, grpo_steps: int | None = None, sft_steps: i
         "training temperature), by chain-sum setting (terms x digits):", "",
         *accuracy_table(before, after), "", "![curves](curves.png)", "",
     ]
-    (out / "report.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    write_report(out, lines)
     return report
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=Path("runs/demo_llm"), help="output directory")
-    p.add_argument("--threads", type=int, default=2, help="torch threads")
-    p.add_argument("--grpo-steps", type=int, default=None, help="override the GRPO config's max_steps")
-    p.add_argument("--sft-steps", type=int, default=None, help="override the SFT config's max_steps")
-    a = p.parse_args()
+    a = demo_args(__doc__, "runs/demo_llm")
     run(a.out, a.threads, a.grpo_steps, a.sft_steps)
 
 
