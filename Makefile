@@ -126,7 +126,7 @@ study-gsm8k: smollm2
 
 # The same on reasoning-gym chain sums, from the format warm start (README, "Which strategy pays"): four arms, three
 # seeds (the recorded result: about 2 hours on 2 CPU cores). Re-running resumes.
-study-gym: $(SFT_GYM)
+study-gym: $(SFT_GYM) smollm2 gym
 	$(RUN) $(BIN)/lit-rlft study --config configs/gym/chain_sum_smollm2.yaml $(GYM_STUDY)
 
 # The documentation site (mkdocs.yml) into site/, strict: a broken link, anchor or API reference fails it.
