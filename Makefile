@@ -125,7 +125,7 @@ study-gsm8k: smollm2
 	$(RUN) $(BIN)/lit-rlft study --config configs/gsm8k_smollm2_study.yaml $(GSM8K_STUDY)
 
 # The same on reasoning-gym chain sums, from the format warm start (README, "Which strategy pays"): four arms, three
-# seeds (the recorded result: about 2 hours on 2 CPU cores). Re-running resumes.
+# seeds (the recorded result: 74 minutes on 2 CPU cores). Re-running resumes.
 study-gym: $(SFT_GYM) smollm2 gym
 	$(RUN) $(BIN)/lit-rlft study --config configs/gym/chain_sum_smollm2.yaml $(GYM_STUDY)
 
