@@ -23,7 +23,7 @@ BIN = Path(sys.executable).parent
 
 def _block(tag: str, text: str = PAGES) -> str:
     """The fenced code block right after ``<!-- doctest: <tag> ... -->`` (in the README or any page of the site)."""
-    matches = re.findall(rf"<!-- doctest: {tag}\b.*?-->\n```\w*\n(.*?)```", text, re.S)
+    matches = re.findall(rf"<!-- doctest: {tag}(?![\w-]).*?-->\n```\w*\n(.*?)```", text, re.S)
     assert len(matches) == 1, f"{len(matches)} doctest blocks {tag!r} (one expected)"
     return matches[0]
 
