@@ -194,27 +194,17 @@ def _union_reason(message: str, config: Any = None) -> str | None:
 
 
 def _key_of_class_path(config: Any, path: str, prefix: str = "") -> str | None:
-    """The first dotted key of ``config`` whose value is ``{class_path: path, ...}`` (None: none, or no config)."""
-    if config is None:
-        return None
-    if hasattr(config, "as_dict"):
-        config = config.as_dict()
+    """The first dotted key of ``config`` (a parsed config as nested dicts and lists) whose value is
+    ``{class_path: path, ...}``; None when there is none (or no config)."""
     if isinstance(config, dict):
-        if config.get("class_path") == path and prefix:
+        if prefix and config.get("class_path") == path:
             return prefix
-        for k, v in config.items():
-            if k == "subcommand":
-                continue
-            found = _key_of_class_path(v, path, f"{prefix}.{k}" if prefix else str(k))
-            if found:
-                return found.split(".", 1)[1] if not prefix and k in ("fit", "validate", "test", "predict") and \
-                    "." in found else found
+        items = [(f"{prefix}.{k}" if prefix else str(k), v) for k, v in config.items()]
     elif isinstance(config, list):
-        for i, v in enumerate(config):
-            found = _key_of_class_path(v, path, f"{prefix}[{i}]")
-            if found:
-                return found
-    return None
+        items = [(f"{prefix}[{i}]", v) for i, v in enumerate(config)]
+    else:
+        return None
+    return next((found for key, v in items if (found := _key_of_class_path(v, path, key))), None)
 
 
 def _raising_class(error: BaseException) -> type | None:

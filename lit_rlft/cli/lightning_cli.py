@@ -112,11 +112,15 @@ class LitCLI(LightningCLI):
     def _refuse_nonfinite(self) -> None:
         """A NaN or infinite number anywhere in the parsed config (a callback's settings included) is one line naming
         its key, before anything is built."""
-        section = self.config.get("subcommand")
-        tree = (self.config[section] if section else self.config)
-        tree = tree.as_dict() if hasattr(tree, "as_dict") else dict(tree)
+        tree = self._config_tree()
         for path in nonfinite_paths(tree, ""):
             fail(self._prog(), f"{path}: must be a finite number, got {_lookup(tree, path)}")
+
+    def _config_tree(self) -> dict[str, Any]:
+        """The parsed config of the command (its subcommand's section), as nested dicts."""
+        section = self.config.get("subcommand")
+        tree = self.config[section] if section else self.config
+        return tree.as_dict() if hasattr(tree, "as_dict") else dict(tree)
 
     def _parse_ckpt_path(self) -> None:
         """LightningCLI (2.6) unpickles ``ckpt_path`` here for its hyper-parameters: a corrupt file is one line."""
@@ -137,7 +141,7 @@ class LitCLI(LightningCLI):
         except _ARGUMENT_ERRORS as e:
             if _debug():
                 raise
-            fail(self._prog(), describe_constructor_error(e, getattr(self, "config", None)))
+            fail(self._prog(), describe_constructor_error(e, self._config_tree()))
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         """The Trainer, writing single-file checkpoints atomically (``AtomicCheckpointIO``) unless a custom checkpoint

@@ -26,7 +26,7 @@ def fmt_mean(mi: dict[str, Any] | None, digits: int = 3, signed: bool = False) -
         return DASH
     sign = "+" if signed else ""
     text = f"{mi['mean']:{sign}.{digits}f}"
-    if mi.get("equal") or (mi.get("low") is not None and abs(mi["high"] - mi["low"]) <= 1e-9 * max(1.0, abs(mi["mean"]))):
+    if mi.get("low") is not None and abs(mi["high"] - mi["low"]) <= 1e-9 * max(1.0, abs(mi["mean"])):
         return text + f" (all {mi['n']} equal)"  # a recorded summary's float residue of a zero spread included
     if mi.get("low") is not None:
         text += f" [{mi['low']:{sign}.{digits}f}, {mi['high']:{sign}.{digits}f}]"
