@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     for d in a.depths:
         print(f"| {d} | {pooled[d]:.3f} | {1 / pooled[d]:.2f} | {base / pooled[d]:.2f}x |")
     print(f"\ngeneration share of the synchronous step: {share:.2f}")
-    from lit_rlft.study.jsonio import write_result
+    from lit_rlft.records.jsonio import write_result
 
     write_result(a.out, {"args": vars(a), "pooled_median_step_s": pooled, "generation_share": share, "runs": runs})
     print(f"wrote {a.out}")

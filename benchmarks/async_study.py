@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
         print("  train wall s, depth 0: " + ", ".join(f"{x:.0f}" for x in wall0))
         print("  train wall s, depth 1: " + ", ".join(f"{x:.0f}" for x in wall1))
     if a.out:
-        from lit_rlft.study.jsonio import write_result
+        from lit_rlft.records.jsonio import write_result
 
         write_result(a.out, report)
 

@@ -29,10 +29,10 @@ import torch
 
 from lit_rlft.callbacks.extend import sizes_and_spread
 from lit_rlft.core.types import OutcomeRecord, Rollouts
+from lit_rlft.records.jsonio import write_result
 from lit_rlft.selection import DPSSelector
 from lit_rlft.selection.allocation import allocate, point_spread
 from lit_rlft.selection.mopps import MoPPSSelector
-from lit_rlft.study.jsonio import write_result
 
 S, G, N_MIN, N_MAX, STEP = 100_000, 8, 2, 16, 2
 

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from lit_rlft.envs.base import Environment, EnvStep
-from lit_rlft.study.jsonio import write_result
+from lit_rlft.records.jsonio import write_result
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -182,7 +182,7 @@ def main() -> None:
             else ""
         print(f"| {m['budget']}{extra} | {m['peak_growth_mb']:.1f} |")
     name = "tiny" if a.model == "tiny" else Path(a.model).name
-    from lit_rlft.study.jsonio import write_result
+    from lit_rlft.records.jsonio import write_result
 
     out = write_result(RESULTS / f"reward_model_{name}.json", result)
     print(f"wrote {out}")

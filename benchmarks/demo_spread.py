@@ -25,7 +25,7 @@ if str(REPO) not in sys.path:
 
 from lit_rlft.cli import grpo_cli  # noqa: E402
 from lit_rlft.cli.demo import add_learnable  # noqa: E402
-from lit_rlft.study.jsonio import write_result  # noqa: E402
+from lit_rlft.records.jsonio import write_result  # noqa: E402
 
 BUCKETS = ("val/accuracy/difficulty_2", "val/accuracy/difficulty_3", "val/accuracy/difficulty_4",
            "val/accuracy/learnable", "val/accuracy")

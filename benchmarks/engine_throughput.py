@@ -157,7 +157,7 @@ def engines(a: argparse.Namespace, command: str) -> int:
         print(f"{name}: HF {med['hf']:,.0f} tokens/s, vLLM {med['vllm']:,.0f} tokens/s, ratio vLLM / HF "
               f"{med['vllm'] / med['hf']:.2f}; vLLM engine start {start_s:.1f} s", flush=True)
         vllm.llm = None
-    from lit_rlft.study.jsonio import write_result
+    from lit_rlft.records.jsonio import write_result
 
     out = write_result(a.out or REPO / "benchmarks" / "results" / "engine_throughput.json", results)
     print(f"wrote {out}")
@@ -197,9 +197,9 @@ def hf_chunks(a: argparse.Namespace, command: str) -> int:
     """HFEngine: one call, rows chunks, token chunks (see the module docstring)."""
     import torch
 
+    from lit_rlft.records.environment import environment
+    from lit_rlft.records.jsonio import write_result
     from lit_rlft.rollout import HFEngine, SamplingConfig
-    from lit_rlft.study.environment import environment
-    from lit_rlft.study.jsonio import write_result
 
     torch.set_num_threads(a.threads)
     T = a.max_new_tokens
@@ -335,7 +335,7 @@ def lora_sync(a: argparse.Namespace, command: str) -> int:
               f"log-prob differences {diffs}", flush=True)
         for engine in engines_.values():
             engine.llm = None
-    from lit_rlft.study.jsonio import write_result
+    from lit_rlft.records.jsonio import write_result
 
     out_path = write_result(a.out or REPO / "benchmarks" / "results" / "engine_lora_sync.json", results)
     print(f"wrote {out_path}")

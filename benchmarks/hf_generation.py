@@ -43,8 +43,8 @@ if str(REPO) not in sys.path:
 
 from benchmarks.step_time_vs_trl import prompt_prefix  # noqa: E402
 from lit_rlft.models.tiny import TinyConfig, char_tokenizer, tiny_qwen2  # noqa: E402
+from lit_rlft.records.jsonio import write_result  # noqa: E402
 from lit_rlft.rollout import HFEngine, SamplingConfig  # noqa: E402
-from lit_rlft.study.jsonio import write_result  # noqa: E402
 
 
 class TransformersCache(HFEngine):

@@ -307,7 +307,7 @@ def main() -> None:
     result["command"] = "python -m benchmarks.learned_reward " + " ".join(sys.argv[1:])
     result["seconds"] = time.perf_counter() - t0
     name = "learned_reward_quick" if a.quick else "learned_reward"
-    from lit_rlft.study.jsonio import write_result
+    from lit_rlft.records.jsonio import write_result
 
     write_result(RESULTS / f"{name}.json", result)
     plot(result, ROOT / "docs" / "results" / f"{name}.png")

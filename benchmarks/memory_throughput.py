@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         results[name]["wall_s"] = time.perf_counter() - t0
         results[name]["load_avg_after"] = os.getloadavg()
         print(name, json.dumps({k: v for k, v in results[name].items() if k != "raw"}, indent=1), flush=True)
-    from lit_rlft.study.jsonio import write_result
+    from lit_rlft.records.jsonio import write_result
 
     out = write_result(args.out or REPO / "benchmarks" / "results" / f"memory_throughput_{args.accelerator}.json",
                        results)

@@ -47,7 +47,7 @@ CURVES = ("val/accuracy", "reward", "episodes/turns_mean", "episodes/tool_calls_
 def run(example: str, out: Path, threads: int, sft_steps: int | None, grpo_steps: int | None,
         base_model: Path | None = None) -> dict:
     from lit_rlft.cli.demo import warm_start_then_grpo
-    from lit_rlft.reporting import read_scalars
+    from lit_rlft.records import read_scalars
 
     spec = EXAMPLES[example]
     sft_overrides: list[str] = []
@@ -101,7 +101,7 @@ def no_tool_reference(base_model: Path) -> dict[str, float]:
 
 
 def plot(result: dict, path: Path) -> Path:
-    from lit_rlft.reporting import pyplot
+    from lit_rlft.records import pyplot
 
     plt = pyplot()
     spec, curves = EXAMPLES[result["example"]], result["curves"]
@@ -147,7 +147,7 @@ def main() -> None:
     p.add_argument("--replot", action="store_true",
                    help="re-plot the example's results file; adds the no-tool reference when missing (--base-model)")
     a = p.parse_args()
-    from lit_rlft.study.jsonio import write_result
+    from lit_rlft.records.jsonio import write_result
 
     out = a.out or Path("runs") / f"{a.example}_curve"
     path = RESULTS / f"multi_turn_curve_{a.example}.json"

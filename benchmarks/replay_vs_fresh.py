@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lit_rlft.reporting import read_scalars
-from lit_rlft.study.jsonio import write_result
+from lit_rlft.records import read_scalars
+from lit_rlft.records.jsonio import write_result
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = {"grpo": [], "grpo + replay (delta 0.5)": ["--config", "configs/strategies/replay.yaml"]}

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from lit_rlft.reporting import read_scalars
+    from lit_rlft.records import read_scalars
 
     scalars = read_scalars(a.log_dir)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))

@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds_s": seconds,
     }
     print(json.dumps({k: result[k] for k in ("batch", "workers", "median_s", "ratio_to_whole_batch")}, indent=1))
-    from lit_rlft.study.jsonio import write_result
+    from lit_rlft.records.jsonio import write_result
 
     write_result(a.out, result)
     return 0

@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     result = sync(a) if a.part == "sync" else step(a)
     result["command"] = "python benchmarks/servers.py " + " ".join(argv if argv is not None else sys.argv[1:])
     name = a.part if a.part == "step" else f"sync_{Path(a.model).name}"
-    from lit_rlft.study.jsonio import write_result
+    from lit_rlft.records.jsonio import write_result
 
     out = write_result(a.out or REPO / "benchmarks" / "results" / f"servers_{name}.json", result)
     print("\n| push / setup | median s | MiB | tensors |" if a.part == "sync" else "\n| setup | median step (s) |")

@@ -439,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from lit_rlft.models.loading import load_tokenizer_for, resolve_model_path
     from lit_rlft.models.tiny import TinyConfig, save_tiny_policy
-    from lit_rlft.study.jsonio import write_result
+    from lit_rlft.records.jsonio import write_result
 
     work = tempfile.mkdtemp(prefix="step_time_vs_trl_")
     if args.model == "tiny":

@@ -69,9 +69,9 @@ def config(args: argparse.Namespace) -> StudyConfig:
 
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.study.warm_start import resolve_warm_start
+    from lit_rlft.records.jsonio import write_result
     from lit_rlft.study import run_study
     from lit_rlft.study.compose import write_config
-    from lit_rlft.study.jsonio import write_result
 
     args = parse_args(argv)
     cfg = config(args)

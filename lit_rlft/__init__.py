@@ -75,15 +75,9 @@ _EXPORTS: dict[str, str] = {
     "TorchBackend": "lit_rlft.step.update",
 }
 
-__all__ = [
-    "AllocationCallback", "ArithmeticTask", "AsyncConfig", "BatchCompositionLogger", "BatchPlan", "CompletionLogger", "CountdownTask", "DOTSCallback",
-    "DPSCallback", "DifficultyPredictorConfig", "DynamicSamplingCallback", "EnvStep", "Environment", "EpisodeConfig",
-    "FabricLoop", "GuessNumberEnv", "GuessNumberTask", "ToolEnvironment", "GRESOCallback", "GRPOLoss",
-    "GRPOConfig", "GRPOModule", "GRPOStep", "GenerationConfig", "HFEngine", "HistoryResamplingCallback", "MoPPSCallback", "LoRAConfig", "OptimConfig", "OutcomeRecord", "PolicyUpdater", "PromptDataModule",
-    "ReplayCallback", "RewardRunner", "RolloutBudgetStop", "RolloutEngine", "RolloutHook", "RolloutWorker",
-    "Rollouts", "SamplingConfig", "ScreeningCallback", "SelectionCallback", "SequentialSamplingCallback", "StepContext", "StepOutput", "StopCondition", "SuccessRateRecorder", "TinyConfig", "TorchBackend", "UniformHandbackCallback",
-    "__version__", "build_models", "build_step", "fsdp2_parallelize",
-]
+#: The one list of public names: ``_EXPORTS``' keys (the eager imports below, for static analysers, are checked
+#: against it by tests/test_lazy_exports.py).
+__all__ = ["__version__", *sorted(_EXPORTS)]
 
 
 def __getattr__(name: str) -> Any:
@@ -100,47 +94,81 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
 
 
-if TYPE_CHECKING:  # what static analysers and IDEs see: the eager imports
+if TYPE_CHECKING:  # what static analysers and IDEs see: the eager imports (``X as X``: re-exported)
     from lit_rlft.callbacks import (
-        AllocationCallback,
-        BatchCompositionLogger,
-        CompletionLogger,
-        DifficultyPredictorConfig,
-        DOTSCallback,
-        DPSCallback,
-        DynamicSamplingCallback,
-        GRESOCallback,
-        HistoryResamplingCallback,
-        MoPPSCallback,
-        ReplayCallback,
-        RolloutBudgetStop,
-        RolloutHook,
-        ScreeningCallback,
-        SelectionCallback,
-        SequentialSamplingCallback,
-        SuccessRateRecorder,
-        UniformHandbackCallback,
+        AllocationCallback as AllocationCallback,
+        BatchCompositionLogger as BatchCompositionLogger,
+        CompletionLogger as CompletionLogger,
+        DifficultyPredictorConfig as DifficultyPredictorConfig,
+        DOTSCallback as DOTSCallback,
+        DPSCallback as DPSCallback,
+        DynamicSamplingCallback as DynamicSamplingCallback,
+        GRESOCallback as GRESOCallback,
+        HistoryResamplingCallback as HistoryResamplingCallback,
+        MoPPSCallback as MoPPSCallback,
+        ReplayCallback as ReplayCallback,
+        RolloutBudgetStop as RolloutBudgetStop,
+        RolloutHook as RolloutHook,
+        ScreeningCallback as ScreeningCallback,
+        SelectionCallback as SelectionCallback,
+        SequentialSamplingCallback as SequentialSamplingCallback,
+        SuccessRateRecorder as SuccessRateRecorder,
+        UniformHandbackCallback as UniformHandbackCallback,
     )
-    from lit_rlft.core.losses import GRPOLoss
-    from lit_rlft.core.types import OutcomeRecord, Rollouts
-    from lit_rlft.data import ArithmeticTask, BatchPlan, CountdownTask, PromptDataModule
-    from lit_rlft.envs import Environment, EnvStep, GuessNumberEnv, GuessNumberTask, ToolEnvironment
-    from lit_rlft.lightning.fabric import FabricLoop, fsdp2_parallelize
-    from lit_rlft.lightning.module import GRPOModule
-    from lit_rlft.models import LoRAConfig, TinyConfig
-    from lit_rlft.rewards.runner import RewardRunner
-    from lit_rlft.rollout import HFEngine, RolloutEngine, RolloutWorker, SamplingConfig
+    from lit_rlft.core.losses import (
+        GRPOLoss as GRPOLoss,
+    )
+    from lit_rlft.core.types import (
+        OutcomeRecord as OutcomeRecord,
+        Rollouts as Rollouts,
+    )
+    from lit_rlft.data import (
+        ArithmeticTask as ArithmeticTask,
+        BatchPlan as BatchPlan,
+        CountdownTask as CountdownTask,
+        PromptDataModule as PromptDataModule,
+    )
+    from lit_rlft.envs import (
+        Environment as Environment,
+        EnvStep as EnvStep,
+        GuessNumberEnv as GuessNumberEnv,
+        GuessNumberTask as GuessNumberTask,
+        ToolEnvironment as ToolEnvironment,
+    )
+    from lit_rlft.lightning.fabric import (
+        FabricLoop as FabricLoop,
+        fsdp2_parallelize as fsdp2_parallelize,
+    )
+    from lit_rlft.lightning.module import (
+        GRPOModule as GRPOModule,
+    )
+    from lit_rlft.models import (
+        LoRAConfig as LoRAConfig,
+        TinyConfig as TinyConfig,
+    )
+    from lit_rlft.rewards.runner import (
+        RewardRunner as RewardRunner,
+    )
+    from lit_rlft.rollout import (
+        HFEngine as HFEngine,
+        RolloutEngine as RolloutEngine,
+        RolloutWorker as RolloutWorker,
+        SamplingConfig as SamplingConfig,
+    )
     from lit_rlft.step import (
-        AsyncConfig,
-        EpisodeConfig,
-        GenerationConfig,
-        GRPOConfig,
-        GRPOStep,
-        OptimConfig,
-        StepContext,
-        StepOutput,
-        StopCondition,
-        build_models,
-        build_step,
+        AsyncConfig as AsyncConfig,
+        EpisodeConfig as EpisodeConfig,
+        GenerationConfig as GenerationConfig,
+        GRPOConfig as GRPOConfig,
+        GRPOStep as GRPOStep,
+        OptimConfig as OptimConfig,
+        StepContext as StepContext,
+        StepOutput as StepOutput,
+        StopCondition as StopCondition,
+        build_models as build_models,
+        build_step as build_step,
     )
-    from lit_rlft.step.update import PolicyUpdater, TorchBackend
+    from lit_rlft.step.update import (
+        PolicyUpdater as PolicyUpdater,
+        TorchBackend as TorchBackend,
+    )

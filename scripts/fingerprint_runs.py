@@ -34,7 +34,7 @@ import lightning as L  # noqa: E402
 import torch  # noqa: E402
 from lightning.pytorch.loggers import Logger  # noqa: E402
 
-from lit_rlft.study.jsonio import write_result  # noqa: E402
+from lit_rlft.records.jsonio import write_result  # noqa: E402
 from tests.distributed.helpers import digest  # noqa: E402
 
 TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 1, "num_key_value_heads": 1,

@@ -26,20 +26,23 @@ BENCHMARK_LIBRARY = BENCHMARKS / "study"
 
 #: Bottom first; a package may import its own layer's packages only where listed in SIDEWAYS, and any lower layer.
 LAYERS: list[set[str]] = [
-    {"core", "runtime"},
+    {"core", "runtime", "records"},
     {"selection"},
     {"models", "rewards"},
     {"rollout", "data", "envs"},
     {"step"},
     {"callbacks"},
-    {"lightning", "reporting"},
+    {"lightning"},
     {"cli", "study"},
 ]
 #: A reward model is a model: the rewards load and shard it with the models' helpers. Episodes are rolled out with
 #: an environment; an environment's own task (the guessing game's prompts) is a data-set task.
-#: The command line dispatches `lit-rlft study`; a study runs each arm through the command line's LightningCLI.
+#: The command line dispatches `lit-rlft study` and `lit-rlft probe` (from cli/main.py only: CLI_TO_STUDY); a study
+#: runs each arm through the command line's LightningCLI.
 SIDEWAYS: set[tuple[str, str]] = {("rewards", "models"), ("rollout", "envs"), ("envs", "data"), ("cli", "study"),
                                   ("study", "cli")}
+#: The one module of the command line that may import the study: the dispatcher of its commands.
+CLI_TO_STUDY = {"cli/main.py"}
 #: Where Lightning may be imported: its adapters, the datamodule (a LightningDataModule) and the command line.
 LIGHTNING_ALLOWED = {"lightning", "callbacks", "cli", "study", "data/datamodule.py"}
 #: Modules of the callbacks package that other callbacks may import (their shared base layer).
@@ -86,6 +89,23 @@ def test_imports_point_down_the_layers(path):
         if _level(there) > _level(here) or (_level(there) == _level(here) and (here, there) not in SIDEWAYS):
             bad.append(f"line {line}: {module} ({here} is below {there})")
     assert not bad, f"{path.relative_to(REPO)} imports upward:\n" + "\n".join(bad)
+
+
+def test_the_command_line_reaches_the_study_only_through_its_commands():
+    """``cli -> study`` is the one sideways arrow into the study: its commands dispatched from ``cli/main.py``. The
+    demo, the errors and the CLI write results with :mod:`lit_rlft.records` (the ground floor), not the study."""
+    bad = [f"{p.relative_to(REPO)} line {line}: {module}" for p in sorted((PACKAGE / "cli").rglob("*.py"))
+           if str(p.relative_to(PACKAGE)) not in CLI_TO_STUDY
+           for line, module in _imports(p) if module.startswith("lit_rlft.study")]
+    assert not bad, "the command line imports the study outside its dispatcher:\n" + "\n".join(bad)
+    assert any(m.startswith("lit_rlft.study") for _, m in _imports(PACKAGE / "cli" / "main.py"))
+
+
+def test_the_ground_floor_imports_nothing_above_it():
+    """``records`` (result files, environment, scalars, plots) stands on nothing of ``lit_rlft`` but itself."""
+    bad = [f"{p.relative_to(REPO)} line {line}: {module}" for p in sorted((PACKAGE / "records").rglob("*.py"))
+           for line, module in _imports(p) if module.startswith("lit_rlft.") and not module.startswith("lit_rlft.records")]
+    assert not bad, "\n".join(bad)
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(REPO)))
@@ -231,13 +251,17 @@ def test_the_benchmarks_library_imports_no_script():
     assert not bad, "benchmarks/study imports a script (move what they share into benchmarks/study):\n" + "\n".join(bad)
 
 
-def test_the_benchmarks_import_no_private_name():
-    """No module of ``benchmarks/`` imports another module's private name (``from m import _helper``), nor binds an
-    import to a private name (``import table as _table``): a helper two modules share is public where it lives."""
+@pytest.mark.parametrize("root", [PACKAGE, BENCHMARKS], ids=["lit_rlft", "benchmarks"])
+def test_no_private_name_is_imported(root):
+    """No module of ``lit_rlft/`` or ``benchmarks/`` imports another module's private name (``from m import
+    _helper``), nor binds an import to a private name (``import table as _table``): a helper two modules share is
+    public where it lives. (In the package, the rule is about its own modules: torch's private helpers that
+    distributed code needs are torch's to keep.)"""
     bad = []
-    for path in sorted(BENCHMARKS.rglob("*.py")):
+    for path in sorted(root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import | ast.ImportFrom) and getattr(node, "module", None) != "__future__":
+            own = root is not PACKAGE or (getattr(node, "module", None) or "lit_rlft").startswith("lit_rlft")
+            if isinstance(node, ast.Import | ast.ImportFrom) and getattr(node, "module", None) != "__future__" and own:
                 for alias in node.names:
                     name = alias.name.split(".")[-1]
                     if (name.startswith("_") and not name.startswith("__")) or (alias.asname or "").startswith("_"):

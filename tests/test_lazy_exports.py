@@ -47,3 +47,18 @@ def test_every_top_level_name_resolves_to_its_module_s_object():
     from lit_rlft.data.datamodule import PromptDataModule as defined
 
     assert PromptDataModule is defined
+
+
+def test_the_static_imports_are_the_exports():
+    """The ``TYPE_CHECKING`` imports that IDEs read name the same objects, from the same modules, as ``_EXPORTS``
+    (the one list ``__all__`` is made of): a name added to one and not the other fails here."""
+    import ast
+
+    import lit_rlft
+
+    tree = ast.parse((REPO / "lit_rlft" / "__init__.py").read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", None) == "TYPE_CHECKING")
+    static = {alias.name: node.module for node in ast.walk(block) if isinstance(node, ast.ImportFrom)
+              for alias in node.names}
+    assert static == lit_rlft._EXPORTS
+    assert sorted(lit_rlft.__all__) == sorted(["__version__", *lit_rlft._EXPORTS])

@@ -95,7 +95,7 @@ def test_the_recorded_figures_run_on_the_machines_own_kernels_and_kernels_sets_t
     """``make demo`` and the studies run on the machine's own CPU kernels (a pin at AVX2 did not carry the demo's
     table from one CPU vendor to the other); ``KERNELS=...`` puts the variables the environment record reads in
     front of each of them."""
-    from lit_rlft.study.environment import KERNEL_VARIABLES
+    from lit_rlft.records.environment import KERNEL_VARIABLES
 
     pin = "ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2"
     for target, command in (("demo", "lit_rlft.cli.demo"), ("study-quick", "benchmarks.study"),

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from benchmarks.study.config import SKEWED_POOL, StudyConfig
 from benchmarks.study.report import degeneracy_lines
+from lit_rlft.records.jsonio import write_result
 from lit_rlft.study.cli import key_value
-from lit_rlft.study.jsonio import write_result
 
 
 def _ints(text: str) -> list[int]:

@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.study.config import StudyConfig
-from benchmarks.study.passes import block as passes_block
-from benchmarks.study.passes import policy_lines
+from benchmarks.study.passes import block as passes_block, policy_lines
 from benchmarks.study.recorded import STUDY_JSON, load_study
 from benchmarks.study.report import baseline_final_lines, results_markdown, settings_lines
 from benchmarks.study.trl_tables import result_table
-from lit_rlft.study.jsonio import read_json
+from lit_rlft.records.jsonio import read_json
 from lit_rlft.study.report import at_marks_rows, table
 from lit_rlft.study.strategies import settings_match, strategy_settings
 
@@ -140,7 +139,7 @@ def record(study_json: Path, dest: Path, command: str) -> Path:
             for r in study["runs"]]
     keep = ("settings", "configs", "base_config", "dropped_callbacks", "marks", "step_completions", "threads",
             "timings", "environment", "probe")
-    from lit_rlft.study.jsonio import write_json
+    from lit_rlft.records.jsonio import write_json
 
     return write_json(dest, {**{k: study.get(k) for k in keep}, "command": command, "runs": runs})
 
@@ -294,21 +293,21 @@ def main(argv: list[str] | None = None) -> int:
         if name not in PRODUCT_PROBES or not a.command or probe is None or "summary" not in probe:
             p.error(f"--record-probe PROBE_JSON NAME needs a probe.json, NAME in {', '.join(PRODUCT_PROBES)} and "
                     "--command")
-        from lit_rlft.study.jsonio import write_json
+        from lit_rlft.records.jsonio import write_json
 
         print(f"recorded {write_json(PRODUCT_PROBES[name], {**probe, 'command': a.command})}")
     if a.record_llm_demo:
         report = read_json(a.record_llm_demo)
         if report is None or "before" not in report or "after" not in report:
             p.error(f"--record-llm-demo {a.record_llm_demo}: not a make demo-llm report.json")
-        from lit_rlft.study.jsonio import write_json
+        from lit_rlft.records.jsonio import write_json
 
         print(f"recorded {write_json(LLM_DEMO_REPORT, report)}")
     if a.record_demo:
         report = read_json(a.record_demo)
         if report is None or "before" not in report or "after" not in report:
             p.error(f"--record-demo {a.record_demo}: not a make demo report.json (no 'before'/'after')")
-        from lit_rlft.study.jsonio import write_json
+        from lit_rlft.records.jsonio import write_json
 
         print(f"recorded {write_json(DEMO_REPORTS[a.demo_block], report)}")
     if not a.check:

@@ -320,7 +320,7 @@ def add(study_json: Path, directory: Path = PASSES_DIR) -> Path:
     read)."""
     import json
 
-    from lit_rlft.study.jsonio import read_json
+    from lit_rlft.records.jsonio import read_json
 
     study = read_json(study_json)
     if study is None or "config" not in study or "runs" not in study:

@@ -7,7 +7,7 @@ from typing import Any
 
 from benchmarks.study.config import StudyConfig
 from benchmarks.study.study import summarise_pool
-from lit_rlft.study.jsonio import read_json
+from lit_rlft.records.jsonio import read_json
 
 REPO = Path(__file__).resolve().parents[2]
 STUDY_JSON = REPO / "docs" / "results" / "study.json"

@@ -18,9 +18,9 @@ from benchmarks.study.config import COMPARISONS, FINAL_BASELINES, TARGETS, RunSp
 from benchmarks.study.degeneracy import measure_degeneracy
 from benchmarks.study.report import results_markdown
 from benchmarks.study.warm_start import resolve_warm_start
+from lit_rlft.records.jsonio import read_json, write_json, write_result
 from lit_rlft.study import run_study as run_product_study
 from lit_rlft.study.compose import write_config
-from lit_rlft.study.jsonio import read_json, write_json, write_result
 from lit_rlft.study.summary import summarise
 
 #: Each pool's curves: held-out accuracy on 3+4 numbers and the training-pool reward.

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from lit_rlft.cli import grpo_cli, sft_cli
-from lit_rlft.reporting import plot_curves, read_scalars
-from lit_rlft.study.jsonio import write_result
+from lit_rlft.records import plot_curves, read_scalars
+from lit_rlft.records.jsonio import write_result
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 #: The recorded demo reports the README's tables are generated from (``docs/results/demo_report*.json``, one per kind
@@ -87,7 +87,7 @@ def cpu_label(environment: dict[str, Any]) -> str:
 def recorded_match(table: list[str], environment: dict[str, Any], folder: Path = RECORDED) -> str | None:
     """One line saying which recorded demo report (``folder/demo_report*.json``) gives ``table`` (:func:`demo_table`)
     to the digit, or that none does, with the CPUs they were recorded on and this one's (``environment``, as
-    :func:`lit_rlft.study.environment.environment` writes it). None when there is no recorded report (an installed
+    :func:`lit_rlft.records.environment.environment` writes it). None when there is no recorded report (an installed
     package, not a clone)."""
     recorded = []
     for path in sorted(folder.glob("demo_report*.json")):

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from lit_rlft.cli.demo import CONFIGS, accuracy_table, demo_args, warm_start_then_grpo, write_report
-from lit_rlft.reporting import plot_curves, read_scalars
-from lit_rlft.study.jsonio import write_result
+from lit_rlft.records import plot_curves, read_scalars
+from lit_rlft.records.jsonio import write_result
 
 SFT_CONFIG = CONFIGS / "gym" / "sft_chain_sum_smollm2.yaml"
 GRPO_CONFIG = CONFIGS / "gym" / "chain_sum_smollm2.yaml"

@@ -48,7 +48,7 @@ _ARGUMENT_ERRORS = (ValueError, TypeError, OSError, MisconfigurationException)
 _CLI_KWARGS = dict(save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False)
 
 
-def _debug() -> bool:
+def debug_enabled() -> bool:
     """``LIT_RLFT_DEBUG=1`` (or jsonargparse's ``JSONARGPARSE_DEBUG``): full tracebacks instead of one line."""
     flags = (os.environ.get("LIT_RLFT_DEBUG", ""), os.environ.get("JSONARGPARSE_DEBUG", ""))
     return any(v.lower() not in ("", "0", "false") for v in flags)
@@ -69,7 +69,7 @@ class LitArgumentParser(LightningArgumentParser):
     command_parser: LightningArgumentParser | None = None
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
-        if not self.exit_on_error or _debug():
+        if not self.exit_on_error or debug_enabled():
             super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self.command_parser or self
         prog = parser.prog.replace(" [options]", "")
@@ -139,7 +139,7 @@ class LitCLI(LightningCLI):
         except USER_ERRORS:
             raise
         except _ARGUMENT_ERRORS as e:
-            if _debug():
+            if debug_enabled():
                 raise
             fail(self._prog(), describe_constructor_error(e, self._config_tree()))
 

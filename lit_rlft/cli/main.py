@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 
-from lit_rlft.cli.lightning_cli import CLI_COMMANDS, PROG, USER_ERRORS, _debug, fail, grpo_cli, sft_cli
+from lit_rlft.cli.lightning_cli import CLI_COMMANDS, PROG, USER_ERRORS, debug_enabled, fail, grpo_cli, sft_cli
 
 __all__ = ["COMMANDS", "fail", "grpo_cli", "main", "sft_cli"]
 
@@ -57,7 +57,7 @@ def study_cli(args: list[str] | None = None) -> None:
 
 def probe_cli(args: list[str] | None = None) -> None:
     """``lit-rlft probe``: what the config's groups would teach, before any training (:mod:`lit_rlft.study.probe`)."""
-    from lit_rlft.cli.probe import main as probe_main
+    from lit_rlft.study.probe_cli import main as probe_main
 
     raise SystemExit(probe_main(args))
 
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             grpo_cli(argv)
     except USER_ERRORS as e:
-        if _debug():
+        if debug_enabled():
             raise
         fail(f"{PROG} {command}" if command else PROG, str(e))
 

@@ -219,7 +219,7 @@ def load_model(name_or_path: str, dtype: str = "float32", tiny: TinyConfig | Non
     from transformers import AutoModelForCausalLM
 
     path = resolve_model_path(name_or_path)
-    with _hub_errors(path):
+    with hub_errors(path):
         return AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype], **kwargs)
 
 
@@ -238,14 +238,14 @@ def load_tokenizer(name_or_path: str) -> Any:
     check_model_source(name_or_path, need=TOKENIZER_FILES)
     name_or_path = os.path.expanduser(name_or_path)
     config = Path(name_or_path).expanduser() / "tokenizer_config.json"
-    with _hub_errors(name_or_path):
+    with hub_errors(name_or_path):
         if config.is_file() and json.loads(config.read_text()).get("tokenizer_class") in _PLAIN_TOKENIZER_CLASSES:
             return PreTrainedTokenizerFast.from_pretrained(name_or_path)
         return AutoTokenizer.from_pretrained(name_or_path)
 
 
 @contextmanager
-def _hub_errors(name_or_path: str) -> Iterator[None]:
+def hub_errors(name_or_path: str) -> Iterator[None]:
     """Turn transformers' loading failures into one-line :class:`ModelSourceError`: for a hub name,
     :func:`hub_error` (transformers' message names a URL, not the model); for a local directory (e.g. no weights
     file), its first line after the directory's name."""

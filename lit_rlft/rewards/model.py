@@ -52,7 +52,7 @@ def token_micro_batches(lengths: Sequence[int], max_batch_tokens: int) -> list[l
     return batches
 
 
-def _default_device() -> torch.device:
+def default_device() -> torch.device:
     """This rank's accelerator (``LOCAL_RANK``) when there is one, else the CPU."""
     if torch.cuda.is_available():
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0") or 0))
@@ -98,12 +98,12 @@ class RewardModel(BatchedReward):
         if max_length is not None and max_length < 1:
             raise ValueError(f"RewardModel: max_length must be >= 1 or null, got {max_length}")
         if isinstance(model, str):
-            from lit_rlft.models.loading import _hub_errors, load_tokenizer, resolve_model_path
+            from lit_rlft.models.loading import hub_errors, load_tokenizer, resolve_model_path
 
             path = resolve_model_path(model)
             from transformers import AutoModelForSequenceClassification
 
-            with _hub_errors(path):
+            with hub_errors(path):
                 module = AutoModelForSequenceClassification.from_pretrained(path, dtype=_DTYPES[dtype])
             if tokenizer is None:
                 tokenizer = path
@@ -190,7 +190,7 @@ class RewardModel(BatchedReward):
         if self.sharded:
             return self.device  # type: ignore[return-value]
         if self.device is None:
-            self.device = _default_device()
+            self.device = default_device()
         if next(self.model.parameters()).device != self.device:
             self.model.to(self.device)
         return self.device

@@ -48,9 +48,9 @@ class EngineJudge:
             from lit_rlft.models.loading import load_tokenizer_for
 
             tokenizer = load_tokenizer_for(tokenizer)
-        from lit_rlft.rewards.model import _default_device
+        from lit_rlft.rewards.model import default_device
 
-        self.device = torch.device(device) if device is not None else _default_device()
+        self.device = torch.device(device) if device is not None else default_device()
         self.model = model.eval().requires_grad_(False).to(self.device)
         self.tokenizer = tokenizer
         if engine is None:

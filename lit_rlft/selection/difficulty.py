@@ -223,7 +223,7 @@ def _attend(predictor: AttentionDifficultyPredictor, query_proj: Tensor, ref_pro
 
 
 @torch.no_grad()
-def _calibrated(
+def calibrated_difficulty(
     predictor: AttentionDifficultyPredictor,
     query_proj: Tensor,
     ref_query_proj: Tensor,
@@ -253,7 +253,7 @@ def _calibrated(
 
 
 @torch.no_grad()
-def _project(module: nn.Module, emb: Tensor, chunk: int = _CHUNK) -> Tensor:
+def project_embeddings(module: nn.Module, emb: Tensor, chunk: int = _CHUNK) -> Tensor:
     """``module`` applied to ``emb`` ``[n, D]`` in row chunks -> ``[n, P]``."""
     out = [module(emb[i : i + chunk]) for i in range(0, emb.shape[0], chunk)]
     return torch.cat(out) if out else emb.new_zeros(0, 0)
@@ -269,18 +269,18 @@ def predict_from_reference(
     """Calibrated predictions ``[Q]`` in [0, 1] for ``query_emb`` ``[Q, D]`` from ``ref_emb`` ``[K, D]`` and
     ``ref_difficulty`` ``[K]`` (no gradient). See :class:`~lit_rlft.selection.dots.DOTSSelector` for the calibration
     forms."""
-    _check_choice("calibration", calibration, CALIBRATIONS)
+    check_choice("calibration", calibration, CALIBRATIONS)
     d_ref = ref_difficulty.to(query_emb)
-    return _calibrated(
+    return calibrated_difficulty(
         predictor,
-        _project(predictor.query_proj, query_emb),
-        _project(predictor.query_proj, ref_emb),
-        _project(predictor.ref_proj, ref_emb),
+        project_embeddings(predictor.query_proj, query_emb),
+        project_embeddings(predictor.query_proj, ref_emb),
+        project_embeddings(predictor.ref_proj, ref_emb),
         d_ref,
         calibration,
     )
 
 
-def _check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:
+def check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(f"`{option}` must be one of {list(choices)}, got {value!r}")

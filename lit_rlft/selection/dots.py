@@ -56,14 +56,14 @@ from lit_rlft.selection.difficulty import (
     Calibration,
     CalibrationNet,
     DifficultyAdapter,
-    _calibrated,
-    _check_choice,
-    _project,
     apply_linear_calibration,
+    calibrated_difficulty,
+    check_choice,
     fit_linear_calibration,
     pearson,
     platt_calibrate,
     predict_from_reference,
+    project_embeddings,
 )
 from lit_rlft.selection.difficulty_training import (
     episodic_bce_loss,
@@ -190,7 +190,7 @@ class DOTSSelector:
             raise ValueError(f"`update_every` (mu) must be an integer >= 1, got {update_every!r}")
         if not temperature_attn > 0:
             raise ValueError(f"`temperature_attn` must be > 0, got {temperature_attn!r}")
-        _check_choice("calibration", calibration, CALIBRATIONS)
+        check_choice("calibration", calibration, CALIBRATIONS)
         if not online_lr > 0:
             raise ValueError(f"`online_lr` must be > 0, got {online_lr!r}")
         for name, value, low in (
@@ -277,7 +277,7 @@ class DOTSSelector:
 
     def _pool_query_proj(self) -> Tensor:
         if self._query_proj is None:
-            self._query_proj = _project(self.predictor.query_proj, self.embeddings)  # [S, P]
+            self._query_proj = project_embeddings(self.predictor.query_proj, self.embeddings)  # [S, P]
         return self._query_proj
 
     @torch.no_grad()
@@ -301,10 +301,10 @@ class DOTSSelector:
             ref_qp = qp_all[ref]
         else:
             sel = torch.as_tensor(np.asarray(ids, dtype=np.int64))
-            qp = _project(self.predictor.query_proj, self.embeddings[sel])
-            ref_qp = _project(self.predictor.query_proj, self.embeddings[ref])
-        ref_p = _project(self.predictor.ref_proj, self.embeddings[ref])  # [K, P]
-        out = _calibrated(self.predictor, qp, ref_qp, ref_p, d_ref, self.calibration)
+            qp = project_embeddings(self.predictor.query_proj, self.embeddings[sel])
+            ref_qp = project_embeddings(self.predictor.query_proj, self.embeddings[ref])
+        ref_p = project_embeddings(self.predictor.ref_proj, self.embeddings[ref])  # [K, P]
+        out = calibrated_difficulty(self.predictor, qp, ref_qp, ref_p, d_ref, self.calibration)
         # reference prompts: their measured label beats any prediction
         if ids is None:
             out[ref] = d_ref

@@ -29,8 +29,8 @@ import lightning as L
 import torch
 
 from lit_rlft.callbacks.base import from_trainer_output
+from lit_rlft.records.jsonio import read_json, write_json, write_result
 from lit_rlft.study.evaluation import EvalSettings, HeldOutEvaluator, policy_probe
-from lit_rlft.study.jsonio import read_json, write_json, write_result
 
 __all__ = ["StudyCallback", "zero_spread_completions"]
 

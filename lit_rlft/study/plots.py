@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from lit_rlft.reporting import _smooth, pyplot
+from lit_rlft.records import pyplot, smooth
 
 #: ``(curve key, axis label, target kind)`` of each panel of :func:`plot_curves`: the product's default.
 PANELS = (("val/accuracy", "held-out accuracy", "accuracy"),)
@@ -90,7 +90,7 @@ def plot_effective_ratio(runs: list[dict[str, Any]], strategies: list[str], path
             steps = sorted(set(eff) & set(done))
             if steps:
                 x = np.asarray([done[k] for k in steps], float)
-                y = np.asarray(_smooth([eff[k] for k in steps], window), float)
+                y = np.asarray(smooth([eff[k] for k in steps], window), float)
                 curves.setdefault(s, []).append((x, y))
     _draw(ax, curves)
     ax.set_xlabel(X_AXES["completions"])

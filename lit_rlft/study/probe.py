@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from lit_rlft.records.jsonio import write_result
 from lit_rlft.study.compose import build_cli, load_config
-from lit_rlft.study.jsonio import write_result
 from lit_rlft.study.probe_stats import ProbeRow, summarise_probe, verdict
 
 __all__ = ["ProbeError", "ProbeSettings", "probe_markdown", "probe_rows", "run_probe"]
@@ -207,7 +207,7 @@ def run_probe(settings: ProbeSettings, progress: bool = True, key: str | None = 
         step.close()
     summary = summarise_probe(rows)
     completions = sum(len(r.correct) for r in rows)
-    from lit_rlft.study.environment import environment
+    from lit_rlft.records.environment import environment
 
     result = {
         "settings": {**dataclasses.asdict(settings)}, "key": key, "base_config": base, "summary": summary,

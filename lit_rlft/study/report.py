@@ -88,13 +88,13 @@ def callback_defaults(names: set[str]) -> dict[str, dict[str, Any]]:
     """``{class name: {argument: default}}`` of lit_rlft's callbacks named ``names``, from their signatures (JSON-ready;
     names lit_rlft does not export are left out)."""
     import lit_rlft.callbacks as callbacks
-    from lit_rlft.study.strategies import _jsonable
+    from lit_rlft.study.strategies import jsonable
 
     out = {}
     for name in names:
         cls = getattr(callbacks, name, None)
         if isinstance(cls, type):
-            out[name] = {k: _jsonable(p.default) for k, p in inspect.signature(cls).parameters.items()
+            out[name] = {k: jsonable(p.default) for k, p in inspect.signature(cls).parameters.items()
                          if p.default is not inspect.Parameter.empty}
     return out
 

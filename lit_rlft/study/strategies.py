@@ -190,15 +190,15 @@ def _config_value(value: Any) -> Any:
     return value
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     """A JSON-ready copy: dataclasses become their fields (minus locations), tuples lists."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)
                 if f.name not in LOCATION_ARGS}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     return value
 
 
@@ -207,7 +207,7 @@ def resolved_arguments(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
     (``inspect.signature(cls).bind(**kwargs).apply_defaults()``), without :data:`LOCATION_ARGS`."""
     bound = inspect.signature(cls).bind(**kwargs)
     bound.apply_defaults()
-    return {k: _jsonable(v) for k, v in bound.arguments.items() if k not in LOCATION_ARGS}
+    return {k: jsonable(v) for k, v in bound.arguments.items() if k not in LOCATION_ARGS}
 
 
 def strategy_specs(name: str, cfg: StrategySettings, seed: int, cache_dir: str = CACHE_DIR) -> list[CallbackSpec]:

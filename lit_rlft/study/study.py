@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lit_rlft.records.environment import environment
+from lit_rlft.records.jsonio import read_json, write_json, write_result
 from lit_rlft.study.compose import (
     ConfigError,
     build_cli,
@@ -36,8 +38,6 @@ from lit_rlft.study.compose import (
     run_config,
     write_config,
 )
-from lit_rlft.study.environment import environment
-from lit_rlft.study.jsonio import read_json, write_json, write_result
 from lit_rlft.study.runner import PlannedRun, execute, python_command
 from lit_rlft.study.settings import TRL_ARM, StudySettings, arm_name
 from lit_rlft.study.strategies import Arm, ArmError, CallbackSpec, resolve_arm
@@ -315,7 +315,7 @@ def collect(run: PlannedRun, rc: int | None, error: str | None, seconds: float) 
                   timings=measured.get("timings"), environment=measured.get("environment"))
     tb = run.run_dir / "tb"
     if tb.exists():
-        from lit_rlft.reporting import read_scalars
+        from lit_rlft.records import read_scalars
 
         record["series"] = select_series(read_scalars(tb, latest=True), run.info.get("selection_name"))
     if rc == 0 and measured.get("finished"):

@@ -38,8 +38,8 @@ from typing import Any
 
 import transformers
 
+from lit_rlft.records.jsonio import read_json, write_json, write_result
 from lit_rlft.study.evaluation import HeldOutEvaluator, policy_probe
-from lit_rlft.study.jsonio import read_json, write_json, write_result
 
 __all__ = ["LOSS_FIELDS", "TRLArmError", "main", "trl_config_kwargs"]
 

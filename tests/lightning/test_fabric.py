@@ -47,7 +47,7 @@ def test_fabric_loop_trains_like_the_trainer(tmp_path):
 
 
 def test_fabric_loop_validates_logs_and_resumes_exactly(tmp_path):
-    from lit_rlft.reporting import read_scalars
+    from lit_rlft.records import read_scalars
 
     def fit(out, steps, ckpt=None, save_at=None):
         callbacks = [DPSCallback(), ReplayCallback(delta=0.5, capacity=8)]

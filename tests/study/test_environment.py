@@ -1,4 +1,4 @@
-"""Results record their environment: :func:`~lit_rlft.study.jsonio.write_result` writes the data plus the package
+"""Results record their environment: :func:`~lit_rlft.records.jsonio.write_result` writes the data plus the package
 versions, torch's threads, the CPU and the commit; a caller's own environment is kept; a benchmark's result written
 through it carries the environment."""
 
@@ -13,7 +13,7 @@ from importlib import metadata
 import pytest
 import torch
 
-from lit_rlft.study.jsonio import write_result
+from lit_rlft.records.jsonio import write_result
 from tests.conftest import REPO
 
 
@@ -100,14 +100,14 @@ def test_the_record_names_the_cpu_kernels_in_use():
     import subprocess
     import sys
 
-    code = ("import json, torch; from lit_rlft.study.environment import environment; e = environment(('torch',)); "
+    code = ("import json, torch; from lit_rlft.records.environment import environment; e = environment(('torch',)); "
             "print(json.dumps([e['cpu_capability'], e['kernel_env'], e['cpu_vector_flags']]))")
     forced = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
                             env={**os.environ, "ATEN_CPU_CAPABILITY": "default"})
     capability, kernel_env, flags = json.loads(forced.stdout.splitlines()[-1])
     assert capability == "DEFAULT"
     assert kernel_env["ATEN_CPU_CAPABILITY"] == "default"
-    from lit_rlft.study.environment import environment
+    from lit_rlft.records.environment import environment
 
     here = environment(("torch",))
     assert here["cpu_capability"] == torch.backends.cpu.get_cpu_capability()

@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.study import docs, passes
 from benchmarks.study.config import SKEWED_POOL, StudyConfig
-from lit_rlft.study.jsonio import write_json
+from lit_rlft.records.jsonio import write_json
 
 ACC = "val/accuracy/learnable"
 

@@ -10,8 +10,7 @@ import pytest
 import yaml
 
 from lit_rlft.cli import main as cli_main
-from lit_rlft.study import StudySettings, run_study
-from lit_rlft.study import study as study_module
+from lit_rlft.study import StudySettings, run_study, study as study_module
 from tests.conftest import TINY_SMALL
 
 REWARD = "tests.study.helpers.contains_one"

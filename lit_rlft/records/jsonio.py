@@ -1,7 +1,7 @@
 """Atomic JSON files: a reader never sees a half-written file, so an interrupted study resumes cleanly.
 
 :func:`write_result` is the one writer of a benchmark's or a study's result: the data plus the environment it was
-measured in (:func:`~lit_rlft.study.environment.environment`)."""
+measured in (:func:`~lit_rlft.records.environment.environment`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from lit_rlft.study.environment import PACKAGES, environment
+from lit_rlft.records.environment import PACKAGES, environment
 
 
 def _clean(obj: Any) -> Any:
@@ -44,8 +44,8 @@ def write_json(path: str | Path, data: Any) -> Path:
 
 def write_result(path: str | Path, data: dict[str, Any], *, packages: tuple[str, ...] | None = None) -> Path:
     """Write a result: ``data`` with an ``"environment"`` key (package versions, torch's threads when torch is
-    imported, CPU model and count, the commit: :func:`~lit_rlft.study.environment.environment` of ``packages``, by
-    default :data:`~lit_rlft.study.environment.PACKAGES`), atomically (:func:`write_json`); returns ``path``.
+    imported, CPU model and count, the commit: :func:`~lit_rlft.records.environment.environment` of ``packages``, by
+    default :data:`~lit_rlft.records.environment.PACKAGES`), atomically (:func:`write_json`); returns ``path``.
 
     An ``"environment"`` already in ``data`` is the caller's and is kept as given (a result rewritten from an earlier
     file, or a record whose environment was taken where it was measured); ``data`` itself is not changed. The

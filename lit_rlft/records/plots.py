@@ -1,12 +1,14 @@
-"""Reading TensorBoard scalars back and plotting training curves (headless, matplotlib Agg).
+"""Plotting training curves (headless, matplotlib Agg) and the running mean the plots share.
 
-matplotlib is optional (``pip install 'lit_rlft[plots]'``): only :func:`plot_curves` needs it.
+matplotlib is optional (``pip install 'lit_rlft[plots]'``): :func:`pyplot` names the extra when it is missing.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+__all__ = ["plot_curves", "pyplot", "smooth"]
 
 
 def pyplot() -> Any:
@@ -21,25 +23,8 @@ def pyplot() -> Any:
     return plt
 
 
-def read_scalars(log_dir: str | Path, latest: bool = False) -> dict[str, list[tuple[int, float]]]:
-    """All scalars of the event files under ``log_dir`` as ``{tag: [(step, value), ...]}``.
-
-    ``latest``: one value per step, the one written last (the event files in the order they were started: a run
-    resumed from a checkpoint logs again the steps after it, and those values replace the killed attempt's)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    out: dict[str, list[tuple[int, float]]] = {}
-    files = sorted(Path(log_dir).rglob("events.out.tfevents.*"), key=lambda f: (f.stat().st_mtime, f.name))
-    for f in files if latest else sorted(files):
-        acc = EventAccumulator(str(f), size_guidance={"scalars": 0}).Reload()
-        for tag in acc.Tags()["scalars"]:
-            out.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
-    if latest:
-        return {k: sorted(dict(v).items()) for k, v in out.items()}
-    return {k: sorted(v) for k, v in out.items()}
-
-
-def _smooth(values: list[float], window: int = 10) -> list[float]:
+def smooth(values: list[float], window: int = 10) -> list[float]:
+    """The running mean of ``values`` over the last ``window`` of them (fewer at the start): one value per input."""
     out, acc = [], 0.0
     for i, v in enumerate(values):
         acc += v
@@ -56,7 +41,7 @@ def plot_curves(scalars: dict[str, list[tuple[int, float]]], path: str | Path) -
     for tag, label in (("reward", "training reward"), ("effective_ratio", "effective ratio")):
         if tag in scalars:
             steps, vals = zip(*scalars[tag])
-            axes[0].plot(steps, _smooth(list(vals)), label=f"{label} (10-step mean)")
+            axes[0].plot(steps, smooth(list(vals)), label=f"{label} (10-step mean)")
     axes[0].set_xlabel("rollout step")
     axes[0].legend()
     axes[0].set_title("training batches")

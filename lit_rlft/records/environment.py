@@ -1,10 +1,10 @@
 """The environment a result was measured in: package versions, threads, machine and commit, in one JSON-ready dict.
 
-    from lit_rlft.study.jsonio import write_result
+    from lit_rlft.records.jsonio import write_result
     write_result(path, record)        # record + {"environment": environment()}
 
 Every study run, every study and every benchmark's result records it (through
-:func:`~lit_rlft.study.jsonio.write_result`), so a figure can be traced to the versions that made it.
+:func:`~lit_rlft.records.jsonio.write_result`), so a figure can be traced to the versions that made it.
 """
 
 from __future__ import annotations
