@@ -30,11 +30,14 @@ import re
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from torch import nn
+
+if TYPE_CHECKING:
+    from lit_rlft.step.grpo import GRPOStep
 
 # ------------------------------------------------------------------------------------------ one layout
 STEP_KEY = "lit_rlft"
@@ -55,7 +58,7 @@ def drop_reference_weights(state_dict: dict[str, Any] | None) -> int:
     return len(keys)
 
 
-def run_state(scheduler: Any, step: Any, datamodule: Any, callbacks: Sequence[Any], global_step: int) -> dict[str, Any]:
+def run_state(scheduler: Any, step: GRPOStep, datamodule: Any, callbacks: Sequence[Any], global_step: int) -> dict[str, Any]:
     """Everything of a checkpoint but the weights and the optimizer, in the Trainer's layout."""
     import lightning
 
@@ -66,7 +69,7 @@ def run_state(scheduler: Any, step: Any, datamodule: Any, callbacks: Sequence[An
     }
 
 
-def trainer_checkpoint(policy: nn.Module, optimizer: Any, scheduler: Any, step: Any, datamodule: Any,
+def trainer_checkpoint(policy: nn.Module, optimizer: Any, scheduler: Any, step: GRPOStep, datamodule: Any,
                        callbacks: Sequence[Any], global_step: int) -> dict[str, Any]:
     """The checkpoint the Trainer would write at this point of a ``GRPOModule`` run, without its loop state: what
     ``FabricLoop`` saves for single-file strategies."""
@@ -76,7 +79,7 @@ def trainer_checkpoint(policy: nn.Module, optimizer: Any, scheduler: Any, step: 
 
 
 def restore_from_checkpoint(checkpoint: dict[str, Any], policy: nn.Module, optimizer: Any, scheduler: Any,
-                            step: Any, datamodule: Any, callbacks: Sequence[Any]) -> int:
+                            step: GRPOStep, datamodule: Any, callbacks: Sequence[Any]) -> int:
     """Load a Trainer-layout checkpoint (written by the Trainer or :func:`trainer_checkpoint`) into a set-up run;
     its optimizer-step count."""
     checkpoint = _from_fabric_03(checkpoint)
@@ -91,7 +94,7 @@ def restore_from_checkpoint(checkpoint: dict[str, Any], policy: nn.Module, optim
     return restore_run_state(checkpoint, scheduler, step, datamodule, callbacks)
 
 
-def restore_run_state(checkpoint: dict[str, Any], scheduler: Any, step: Any, datamodule: Any,
+def restore_run_state(checkpoint: dict[str, Any], scheduler: Any, step: GRPOStep, datamodule: Any,
                       callbacks: Sequence[Any]) -> int:
     """:func:`run_state`'s part of a checkpoint restored; its optimizer-step count. Callbacks the checkpoint does
     not know start fresh, as under the Trainer."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from typing import Any, Literal
 
 import lightning as L
@@ -69,11 +70,8 @@ class GRPOModule(L.LightningModule):
         if moved:
             nested = merge_moved_keys("GRPOModule", moved, generation=generation, loss=loss, optim=optim, engine=engine)
             generation, loss, optim, engine = (nested.get(k) for k in ("generation", "loss", "optim", "engine"))
-        self.config = GRPOConfig(
-            model=model, tiny=tiny, dtype=dtype, lora=lora, engine=engine, reward_funcs=reward_funcs,
-            reward_weights=reward_weights, reward_timeout_s=reward_timeout_s, reward_workers=reward_workers,
-            success_threshold=success_threshold, generation=generation, asynchronous=asynchronous, loss=loss, optim=optim,
-            scale_rewards=scale_rewards, environment=environment, episodes=episodes)
+        given = locals()  # the signature above is GRPOConfig's fields (tests/lightning/test_module.py keeps them in step)
+        self.config = GRPOConfig(**{f.name: given[f.name] for f in fields(GRPOConfig)})
         # Plain types only: Lightning loads checkpoints with weights_only=True, which refuses dataclasses.
         self.save_hyperparameters(self.config.plain())
         self.automatic_optimization = False

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
@@ -31,6 +31,9 @@ import torch
 from lit_rlft.callbacks.base import from_trainer_output
 from lit_rlft.records.jsonio import read_json, write_json, write_result
 from lit_rlft.study.evaluation import EvalSettings, HeldOutEvaluator, policy_probe
+
+if TYPE_CHECKING:
+    from lit_rlft.step.grpo import GRPOStep
 
 __all__ = ["StudyCallback", "zero_spread_completions"]
 
@@ -139,7 +142,7 @@ class StudyCallback(L.Callback):
         self._write(trainer)
         return point
 
-    def _shared_start(self, step: Any) -> dict[str, Any] | None:
+    def _shared_start(self, step: GRPOStep) -> dict[str, Any] | None:
         """The study's start evaluation when it was made for this very policy and these settings, else None."""
         if not self.start_cache or not Path(self.start_cache).is_file():
             return None

@@ -25,13 +25,16 @@ import contextlib
 import hashlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from lit_rlft.step.seeding import StepSeeds
 from lit_rlft.step.validation import Validation
+
+if TYPE_CHECKING:
+    from lit_rlft.step.grpo import GRPOStep
 
 __all__ = ["EvalSeeds", "EvalSettings", "HeldOutEvaluator", "policy_probe"]
 
@@ -113,7 +116,7 @@ def pooled(metrics: dict[str, float], groups: dict[str, list[Any]], prefix: str 
 
 
 @contextlib.contextmanager
-def _measuring(step: Any, seeds: StepSeeds, scorer: Any = None) -> Iterator[None]:
+def _measuring(step: GRPOStep, seeds: StepSeeds, scorer: Any = None) -> Iterator[None]:
     """The policy in eval mode, the rollouts on ``seeds`` (and scored by ``scorer`` when given), the random state
     forked; all restored afterwards."""
     from lit_rlft.rollout.sources.in_process import InProcessRollouts
@@ -157,7 +160,7 @@ class HeldOutEvaluator:
         return self._scorer
 
     @torch.no_grad()
-    def measure(self, step: Any) -> dict[str, float]:
+    def measure(self, step: GRPOStep) -> dict[str, float]:
         data = step.rollouts.bound_data
         if data.val_pool is None:
             raise ValueError("the study evaluates on the config's held-out data: give data.val")
@@ -175,7 +178,7 @@ class HeldOutEvaluator:
                 metrics.update(self._train_pool(step, data, seeds))
         return metrics
 
-    def _train_pool(self, step: Any, data: Any, seeds: StepSeeds) -> dict[str, float]:
+    def _train_pool(self, step: GRPOStep, data: Any, seeds: StepSeeds) -> dict[str, float]:
         """``train_pool_reward`` (and per difficulty) of the fixed training subset, sampled at the training
         temperature in batches of ``data.val_batch_size`` prompts."""
         ids = subset_ids(data.pool("train").ids, self.settings.train_subset)
@@ -202,7 +205,7 @@ class HeldOutEvaluator:
 
 
 @torch.no_grad()
-def policy_probe(step: Any) -> str:
+def policy_probe(step: GRPOStep) -> str:
     """A fingerprint of the function the policy computes: a hash of its logits on the first held-out prompt (at
     most 64 tokens). Two runs whose policies give the same probe start from the same model (a LoRA adapter whose
     ``B`` is zero leaves the base model's logits bit for bit), so one start evaluation serves both."""

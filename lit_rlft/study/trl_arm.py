@@ -34,12 +34,15 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import transformers
 
 from lit_rlft.records.jsonio import read_json, write_json, write_result
 from lit_rlft.study.evaluation import HeldOutEvaluator, policy_probe
+
+if TYPE_CHECKING:
+    from lit_rlft.step.grpo import GRPOStep
 
 __all__ = ["LOSS_FIELDS", "TRLArmError", "main", "trl_config_kwargs"]
 
@@ -194,7 +197,7 @@ class _Measure(transformers.TrainerCallback):
     """The StudyCallback's measurements for TRL's trainer. ``per_step``: completions per generation batch, generated
     every ``iterations`` optimizer steps (TRL's ``num_iterations``)."""
 
-    def __init__(self, study: Any, step: Any, per_step: int, iterations: int, run_dir: Path):
+    def __init__(self, study: Any, step: GRPOStep, per_step: int, iterations: int, run_dir: Path):
         self.study, self.step, self.per_step, self.iterations = study, step, per_step, iterations
         self.evaluator = HeldOutEvaluator(study.settings)
         self.curve: list[dict[str, Any]] = []

@@ -243,3 +243,27 @@ def test_trainer_skips_a_nan_step_and_stops_after_a_streak(tmp_path, monkeypatch
     with pytest.raises(NonFiniteUpdateError, match="2 optimizer steps in a row"):
         tiny_trainer(tmp_path, max_steps=5).fit(module, datamodule=countdown_dm())
     assert module.grpo.rollout_step == 2 and all(torch.isfinite(p).all() for p in module.policy.parameters())
+
+
+def test_the_module_s_signature_is_the_config_s_fields():
+    """GRPOModule's arguments (what LightningCLI reads as ``model.*``) are GRPOConfig's fields, in order, with the
+    same defaults and types (a field with a default factory defaults to None there: the config fills it in), and the
+    constructor hands each one over: a field added to one and not the other fails here."""
+    import dataclasses
+    import inspect
+
+    from lit_rlft.lightning.module import GRPOModule
+    from lit_rlft.step import GRPOConfig
+
+    params = [p for p in inspect.signature(GRPOModule.__init__).parameters.values()
+              if p.name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD]
+    config = dataclasses.fields(GRPOConfig)
+    assert [p.name for p in params] == [f.name for f in config]
+    for p, f in zip(params, config):
+        factory = f.default_factory is not dataclasses.MISSING
+        assert p.default == (None if factory else f.default), p.name
+        assert p.annotation.replace(" | None", "") == str(f.type).replace(" | None", ""), p.name
+    module = GRPOModule(reward_funcs=["lit_rlft.rewards.countdown_reward"], success_threshold=0.5,
+                        scale_rewards="batch", reward_timeout_s=3.0)
+    assert (module.config.success_threshold, module.config.scale_rewards, module.config.reward_timeout_s) == \
+        (0.5, "batch", 3.0)
