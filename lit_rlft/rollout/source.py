@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from torch import nn
 
     from lit_rlft.core.types import Rollouts
@@ -108,6 +110,12 @@ class RolloutSource(Protocol):
 
     rewards: Scorer
     """The scorer of the completions it makes (setting it before the source starts replaces it)."""
+
+    def scored_by(self, scorer: Scorer) -> AbstractContextManager[None]:
+        """Within the block, score the completions of requests made in it with ``scorer`` instead of :attr:`rewards`
+        (a measurement's reward of its own); restored afterwards. Raises ValueError naming the source where that
+        cannot hold: it scores in another process, or has batches in flight that the block would score."""
+        ...
 
     def bind_ranks(self, ranks: Ranks) -> None:
         """The trainer's ranks (the step's collective), given by the sharded layer when the step is bound, before

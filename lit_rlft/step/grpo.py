@@ -23,6 +23,7 @@ its driver logs. :func:`~lit_rlft.step.builder.build_step` builds one from a :cl
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import warnings
@@ -41,6 +42,7 @@ from lit_rlft.rewards.scorer import Scorer
 from lit_rlft.rollout.engines.base import stop_token_ids
 from lit_rlft.rollout.source import RolloutSource
 from lit_rlft.runtime.distributed import Collective, LocalCollective
+from lit_rlft.step import evaluation
 from lit_rlft.step.budget import RolloutBudget
 from lit_rlft.step.config import AsyncConfig, GenerationConfig, OptimConfig
 from lit_rlft.step.context import PromptData, RolloutHook, StepOutput, StopCondition, planned_generations
@@ -336,6 +338,16 @@ class GRPOStep:
 
     def validation_results(self) -> dict[str, float]:
         return self.validation.results()
+
+    def evaluating(self, seeds: StepSeeds, scorer: Scorer | None = None) -> contextlib.AbstractContextManager[None]:
+        """A measurement's block: the policy in eval mode, rollouts on ``seeds``, scored by ``scorer`` (None: the
+        run's); all restored after (:func:`lit_rlft.step.evaluation.evaluating`)."""
+        return evaluation.evaluating(self, seeds, scorer)
+
+    def evaluate(self, seeds: StepSeeds, scorer: Scorer | None = None) -> dict[str, float]:
+        """The held-out split's ``val/...`` metrics with ``seeds`` and ``scorer``, leaving the run as it was
+        (:func:`lit_rlft.step.evaluation.evaluate`)."""
+        return evaluation.evaluate(self, seeds, scorer)
 
     @property
     def last_validation(self) -> dict[str, float]:

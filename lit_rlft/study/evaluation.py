@@ -21,9 +21,7 @@ is charged to the rollout budget (``purpose="eval"``).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +29,6 @@ import numpy as np
 import torch
 
 from lit_rlft.step.seeding import StepSeeds
-from lit_rlft.step.validation import Validation
 
 if TYPE_CHECKING:
     from lit_rlft.step.grpo import GRPOStep
@@ -115,34 +112,6 @@ def pooled(metrics: dict[str, float], groups: dict[str, list[Any]], prefix: str 
     return out
 
 
-@contextlib.contextmanager
-def _measuring(step: GRPOStep, seeds: StepSeeds, scorer: Any = None) -> Iterator[None]:
-    """The policy in eval mode, the rollouts on ``seeds`` (and scored by ``scorer`` when given), the random state
-    forked; all restored afterwards."""
-    from lit_rlft.rollout.sources.in_process import InProcessRollouts
-
-    policy, rollouts = step.policy, step.rollouts
-    source = rollouts.source
-    if scorer is not None and not isinstance(source, InProcessRollouts):
-        raise ValueError("an evaluation reward of its own (reward_funcs) needs the rollouts in the trainer's process "
-                         f"(model.asynchronous.depth 0, no generation servers); the source is {type(source).__name__}")
-    was_training = policy.training
-    saved, saved_scorer = rollouts.seeds, source.rewards
-    device = step.device
-    devices = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        rollouts.seeds = seeds
-        if scorer is not None:
-            source.rewards = scorer
-        policy.eval()
-        try:
-            yield
-        finally:
-            rollouts.seeds = saved
-            source.rewards = saved_scorer
-            policy.train(was_training)
-
-
 class HeldOutEvaluator:
     """Measure a step's policy (see the module docstring). ``step``: a :class:`~lit_rlft.step.grpo.GRPOStep` with its
     policy attached and its prompt data bound (a ``data.val`` pool is required)."""
@@ -165,16 +134,10 @@ class HeldOutEvaluator:
         if data.val_pool is None:
             raise ValueError("the study evaluates on the config's held-out data: give data.val")
         seeds = EvalSeeds(self.settings.seed)
-        with _measuring(step, seeds, self.scorer()):
-            step.begin_validation()  # the source on the current weights
-            validation = Validation(step.rollouts, seeds, step.generation)
-            validation.bind(data)
-            validation.begin()
-            for batch in data.val_dataloader():
-                validation.batch(batch, step.rollout_step, step.device)
-            metrics = validation.results()
-            metrics.update(pooled(metrics, self.settings.groups))
-            if self.settings.train_subset:
+        metrics = step.evaluate(seeds, self.scorer())
+        metrics.update(pooled(metrics, self.settings.groups))
+        if self.settings.train_subset:
+            with step.evaluating(seeds, self.scorer()):
                 metrics.update(self._train_pool(step, data, seeds))
         return metrics
 

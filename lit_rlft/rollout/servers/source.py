@@ -21,12 +21,14 @@ Every trainer rank asks the servers for its own slice (requests are independent;
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from torch import nn
 
+from lit_rlft.rewards.scorer import Scorer
 from lit_rlft.rollout.servers.client import ServerEngine
 from lit_rlft.rollout.source import RolloutReply, RolloutRequest
 from lit_rlft.rollout.sources.base import WorkerRollouts
@@ -63,6 +65,13 @@ class ServerRollouts(WorkerRollouts):
         over the servers from a different one."""
         super().bind_ranks(ranks)
         self.engine.ranks = ranks
+
+    def scored_by(self, scorer: Scorer) -> contextlib.AbstractContextManager[None]:
+        """As the base's, once no training batch is in flight (their completions would be scored by ``scorer``)."""
+        if self.pending:
+            raise ValueError(f"ServerRollouts has {self.pending} training batch(es) in flight: a measurement scored "
+                             "by a reward of its own runs between batches (receive them first)")
+        return super().scored_by(scorer)
 
     def attach(self, policy: nn.Module) -> None:
         """Use ``policy``: its pad and stop ids; its weights go to the servers before the first request."""

@@ -4,6 +4,8 @@ workers it scores with (:func:`close_scoring`)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from torch import nn
@@ -58,6 +60,16 @@ class WorkerRollouts:
     @rewards.setter
     def rewards(self, scorer: Scorer) -> None:
         self.worker.rewards = scorer
+
+    @contextlib.contextmanager
+    def scored_by(self, scorer: Scorer) -> Iterator[None]:
+        """Within the block the worker scores with ``scorer`` (this process scores every request); restored after."""
+        saved = self.worker.rewards
+        self.worker.rewards = scorer
+        try:
+            yield
+        finally:
+            self.worker.rewards = saved
 
     def _set_up(self, policy: nn.Module) -> bool:
         """Set the engine up on ``policy`` (sharded or not); False when it is the policy already attached."""
