@@ -175,7 +175,7 @@ def hacked_samples(warm: str, rm: Path, steps: int, n: int = 64, seed: int = 0) 
             "samples": sorted(samples, key=lambda x: -x["paid"])}
 
 
-def run_study(out: str, rm: Path | None, seeds: str, extra: list[str]) -> None:
+def run_reward_study(out: str, rm: Path | None, seeds: str, extra: list[str]) -> None:
     """The study's uniform runs at pool 4,000 into ``out``, trained on the learned reward ``rm`` (None: the rule);
     finished runs are reused."""
     cmd = [sys.executable, "-m", "benchmarks.study", "--out", out, "--strategies", "uniform", "--pool-sizes", "4000",
@@ -295,8 +295,8 @@ def main() -> None:
           f"on {classifier['test_completions']} completions ({classifier['positive_share']:.0%} correct)")
     extra = ["--jobs", str(a.jobs)] + (["--quick"] if a.quick else [])
     # the rule-reward runs: the balanced study's own (its warm start is <rule-study>/sft/model), reused when done
-    run_study(a.rule_study, None, a.seeds, extra)
-    run_study(str(out / "study"), out / "rm", a.seeds, ["--warm-start", str(ROOT / a.rule_study / "sft" / "model"),
+    run_reward_study(a.rule_study, None, a.seeds, extra)
+    run_reward_study(str(out / "study"), out / "rm", a.seeds, ["--warm-start", str(ROOT / a.rule_study / "sft" / "model"),
                                                           *extra])
     result = report(out / "study", ROOT / a.rule_study, classifier, [int(s) for s in a.seeds.split(",")])
     hacked_file = out / "hacked.json"

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     cfg = config_from_args(a)
     out = a.out or Path(f"{QUICK_OUT if a.quick else DEFAULT_OUT}{'_skewed' if a.skewed else ''}")
-    from benchmarks.study.study import pool_degeneracy, resolve_warm_start, run_study
+    from benchmarks.study.study import pool_degeneracy, resolve_warm_start, run_countdown_study
 
     t0 = time.perf_counter()
     if a.degeneracy_only:
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(degeneracy_lines(result["pools"])))
         print(f"benchmarks.study: wrote {out}/degeneracy.json in {time.perf_counter() - t0:.0f} s")
         return 0
-    run_study(cfg, out, progress=not a.no_progress)
+    run_countdown_study(cfg, out, progress=not a.no_progress)
     print((out / "results.md").read_text())
     print(f"benchmarks.study: wrote {out}/study.json, results.md and plots in {time.perf_counter() - t0:.0f} s")
     return 0

@@ -19,7 +19,7 @@ from benchmarks.study.degeneracy import measure_degeneracy
 from benchmarks.study.report import results_markdown
 from benchmarks.study.warm_start import resolve_warm_start
 from lit_rlft.records.jsonio import read_json, write_json, write_result
-from lit_rlft.study import run_study as run_product_study
+from lit_rlft.study import run_study
 from lit_rlft.study.compose import write_config
 from lit_rlft.study.summary import summarise
 
@@ -86,7 +86,7 @@ def pool_runs(cfg: StudyConfig, size: int, warm_start: str, out: Path, progress:
     folder = out / f"pool{size}"
     config = write_config(cfg.run_config(size, warm_start), folder / "run.yaml",
                           header=f"The Countdown study's run config for pool {size} (python -m benchmarks.study).")
-    study = run_product_study(cfg.study_settings(size, str(config), str(folder)), progress=progress)
+    study = run_study(cfg.study_settings(size, str(config), str(folder)), progress=progress)
     runs = []
     for r in study["runs"]:
         runs.append({**r, "run": RunSpec(r["strategy"], size, r["seed"]).name, "pool_size": size,
@@ -94,7 +94,7 @@ def pool_runs(cfg: StudyConfig, size: int, warm_start: str, out: Path, progress:
     return {"runs": runs, "timings": study["timings"]}
 
 
-def run_study(cfg: StudyConfig, out: str | Path, progress: bool = True) -> dict[str, Any]:
+def run_countdown_study(cfg: StudyConfig, out: str | Path, progress: bool = True) -> dict[str, Any]:
     """Run (or resume) the study and write its outputs; returns the ``study.json`` content."""
     from lit_rlft.study.plots import plot_curves, plot_effective_ratio
 

@@ -1,5 +1,5 @@
 """How a mini-batch is cut into micro-batches, and how rows are packed into bins (the packed and shared-prompt
-layouts of :mod:`lit_rlft.step.layouts` use the bins).
+layouts of :mod:`lit_rlft.step.passes` use the bins).
 
 Micro-batches by rows (``micro_batch_size``) or by a token budget (``micro_batch_tokens``, as verl's dynamic batch
 size): rows sorted by length and packed next-fit so that each micro-batch's forward holds at most the budget

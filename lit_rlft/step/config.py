@@ -186,7 +186,7 @@ class OptimConfig:
     ``auto`` (the default): on where the model's attention takes a 4-D mask (sdpa, eager; flex_attention gets a
     ``BlockMask`` whose kernel skips fully masked blocks) and its family is one the
     tests prove exact (Qwen2, Qwen3, Llama, Mistral), in every micro-batch whose grouped pass costs fewer FLOPs than
-    its per-row one (:func:`~lit_rlft.step.layouts.grouping_pays`: not long completions in large groups, whose
+    its per-row one (:func:`~lit_rlft.step.passes.grouping_pays`: not long completions in large groups, whose
     segments attend to themselves whole); ``true``: on wherever the attention takes a 4-D mask;
     ``false``: the per-row pass, bit for bit as before. Where it cannot run, the per-row pass with one warning naming
     why. It saves the ``G - 1`` repeated prompts of every group: little for Countdown's 10-token prompts, much for

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -23,14 +23,32 @@ from lit_rlft.step.seeding import StepSeeds
 from lit_rlft.step.validation import Validation
 
 if TYPE_CHECKING:
-    from lit_rlft.rewards.scorer import Scorer
-    from lit_rlft.step.grpo import GRPOStep
+    from torch import nn
 
-__all__ = ["evaluate", "evaluating"]
+    from lit_rlft.rewards.scorer import Scorer
+    from lit_rlft.step.config import GenerationConfig
+    from lit_rlft.step.sharded import ShardedRollouts
+
+__all__ = ["Evaluated", "evaluate", "evaluating"]
+
+
+class Evaluated(Protocol):
+    """What a measurement needs of the step (a :class:`~lit_rlft.step.grpo.GRPOStep` with its policy attached and
+    its data bound)."""
+
+    policy: nn.Module
+    rollouts: ShardedRollouts
+    generation: GenerationConfig
+    rollout_step: int
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def begin_validation(self) -> None: ...
 
 
 @contextlib.contextmanager
-def evaluating(step: GRPOStep, seeds: StepSeeds, scorer: Scorer | None = None) -> Iterator[None]:
+def evaluating(step: Evaluated, seeds: StepSeeds, scorer: Scorer | None = None) -> Iterator[None]:
     """Within the block: ``step``'s policy in eval mode, its rollouts re-seeded by ``seeds``, their completions
     scored by ``scorer`` (None: the run's own), torch's random state forked; all restored afterwards."""
     policy, rollouts = step.policy, step.rollouts
@@ -50,7 +68,7 @@ def evaluating(step: GRPOStep, seeds: StepSeeds, scorer: Scorer | None = None) -
 
 
 @torch.no_grad()
-def evaluate(step: GRPOStep, seeds: StepSeeds, scorer: Scorer | None = None) -> dict[str, float]:
+def evaluate(step: Evaluated, seeds: StepSeeds, scorer: Scorer | None = None) -> dict[str, float]:
     """The bound data's held-out split (``data.val``) through a :class:`~lit_rlft.step.validation.Validation` of its
     own, within :func:`evaluating`: the ``val/...`` metrics ``lit-rlft validate`` computes, over all ranks."""
     data = step.rollouts.bound_data

@@ -43,7 +43,7 @@ from lit_rlft.core.types import Rollouts
 from lit_rlft.runtime.distributed import Collective, LocalCollective, split_to
 from lit_rlft.step.batching import padding_share, token_budget_micro_batches
 from lit_rlft.step.config import OptimConfig
-from lit_rlft.step.layouts import grouped_attention_supported, grouping_pays, sequence_logprobs
+from lit_rlft.step.passes import grouped_attention_supported, grouping_pays, sequence_logprobs
 
 __all__ = ["NonFiniteUpdateError", "PolicyUpdater", "TorchBackend", "UpdateBackend", "UpdateOutput", "clip_grad_norm",
            "reference_logprobs", "sequence_logprobs"]
@@ -195,7 +195,7 @@ class PolicyUpdater:
         temperature, padded or packed, trimmed): also what the reference model's pass uses."""
         return sequence_logprobs(model, rollouts, rows, self.temperature, device, with_entropy,
                                  packed=self.padding_free, trim=self.micro_batch_tokens is not None,
-                                 entropy_grad=entropy_grad, chunk_tokens=self.logprob_chunk_tokens,
+                                 entropy_grad=entropy_grad, logprob_chunk_tokens=self.logprob_chunk_tokens,
                                  grouped=self.grouped(model) and (
                                      self.shared_prompt is True or grouping_pays(model, rollouts, rows, packed=self.padding_free,
                                                                               trim=self.micro_batch_tokens is not None)))

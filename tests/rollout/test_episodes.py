@@ -15,7 +15,7 @@ from lit_rlft.envs.formats import ChatFormat, TextFormat
 from lit_rlft.models.tiny import TinyConfig, char_tokenizer, tiny_qwen2
 from lit_rlft.rollout.engines.base import GenerationOutput, RolloutEngine, SamplingConfig
 from lit_rlft.rollout.episodes import EpisodeRunner
-from lit_rlft.step.layouts import sequence_logprobs
+from lit_rlft.step.passes import sequence_logprobs
 
 SMALL = TinyConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=1, num_key_value_heads=1,
                    intermediate_size=128, head_dim=64)

@@ -11,7 +11,7 @@ from lit_rlft.core.types import Rollouts
 from lit_rlft.models.loading import LoRAConfig, build_policy
 from lit_rlft.models.tiny import TinyConfig
 from lit_rlft.step.batching import padding_share, token_budget_micro_batches
-from lit_rlft.step.layouts import sequence_logprobs
+from lit_rlft.step.passes import sequence_logprobs
 from lit_rlft.step.update import PolicyUpdater, TorchBackend
 from tests.conftest import TINY_SMALL
 

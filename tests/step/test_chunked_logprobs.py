@@ -22,7 +22,7 @@ from lit_rlft.core.logprobs import AUTO_CHUNK_LOGITS, chunked_logprobs, completi
 from lit_rlft.core.losses import GRPOLoss
 from lit_rlft.models.loading import LoRAConfig
 from lit_rlft.step.config import OptimConfig
-from lit_rlft.step.layouts import head_logprobs, sequence_logprobs
+from lit_rlft.step.passes import head_logprobs, sequence_logprobs
 from lit_rlft.step.update import PolicyUpdater, TorchBackend, reference_logprobs
 from tests.step.test_batching import _assert_same, _policy, _rollouts
 from tests.step.test_shared_prompt import LOSSES
@@ -110,7 +110,7 @@ def test_each_pass_gives_the_full_logits_log_probs_entropies_and_gradients(layou
         return out
 
     monkeypatch.setattr(nn.Linear, "forward", counted)
-    lp, ent = sequence_logprobs(policy, roll, rows, 0.8, "cpu", with_entropy=True, chunk_tokens=7, **layout)
+    lp, ent = sequence_logprobs(policy, roll, rows, 0.8, "cpu", with_entropy=True, logprob_chunk_tokens=7, **layout)
     chunks, head_rows[:] = list(head_rows), []
     (lp[m].sum() + ent[m].sum()).backward()  # the entropy is a diagnostic here: no gradient
     assert sorted(head_rows) == sorted(chunks)  # the backward recomputes each chunk once
@@ -133,8 +133,8 @@ def test_a_pass_within_one_chunk_is_the_full_logits_pass_bit_for_bit():
     rows = torch.arange(12)
     with torch.no_grad():
         full = sequence_logprobs(policy, roll, rows, 1.0, "cpu", with_entropy=True)
-        one_chunk = sequence_logprobs(policy, roll, rows, 1.0, "cpu", with_entropy=True, chunk_tokens=10_000)
-        auto = sequence_logprobs(policy, roll, rows, 1.0, "cpu", with_entropy=True, chunk_tokens="auto")
+        one_chunk = sequence_logprobs(policy, roll, rows, 1.0, "cpu", with_entropy=True, logprob_chunk_tokens=10_000)
+        auto = sequence_logprobs(policy, roll, rows, 1.0, "cpu", with_entropy=True, logprob_chunk_tokens="auto")
     for other in (one_chunk, auto):  # the tiny vocabulary's auto chunk holds the whole pass
         assert torch.equal(other[0], full[0]) and torch.equal(other[1], full[1])
 

@@ -12,7 +12,7 @@ import torch
 from lit_rlft import GRPOLoss, PolicyUpdater, Rollouts, TorchBackend
 from lit_rlft.core.advantages import group_advantages
 from lit_rlft.models.tiny import TinyConfig, char_tokenizer, tiny_qwen2
-from lit_rlft.step.layouts import sequence_logprobs
+from lit_rlft.step.passes import sequence_logprobs
 from tests.conftest import TINY_SMALL
 from tests.step.test_update import _batch
 

@@ -19,7 +19,7 @@ from lit_rlft.core.losses import GRPOLoss
 from lit_rlft.core.types import Rollouts
 from lit_rlft.models.loading import LoRAConfig
 from lit_rlft.step.config import OptimConfig
-from lit_rlft.step.layouts import group_segments, sequence_logprobs
+from lit_rlft.step.passes import group_segments, sequence_logprobs
 from lit_rlft.step.update import PolicyUpdater
 from tests.step.test_batching import _assert_same, _grads, _policy, _rollouts
 
@@ -206,7 +206,7 @@ def test_auto_groups_where_the_grouped_pass_costs_fewer_flops():
     per-row pass (4,784) it does not."""
     from types import SimpleNamespace
 
-    from lit_rlft.step.layouts import grouping_pays
+    from lit_rlft.step.passes import grouping_pays
 
     model = torch.nn.Linear(1, 1)
     model.config = SimpleNamespace(hidden_size=2, intermediate_size=4, num_attention_heads=1, num_key_value_heads=1,
@@ -221,7 +221,7 @@ def test_auto_groups_where_the_grouped_pass_costs_fewer_flops():
 def test_auto_runs_the_per_row_pass_bit_for_bit_where_grouping_does_not_pay():
     """Long completions in a large group: auto keeps the per-row pass (the same gradient, bit for bit, as
     ``shared_prompt: false``); ``true`` groups anyway (equal within the tolerance)."""
-    from lit_rlft.step.layouts import grouping_pays
+    from lit_rlft.step.passes import grouping_pays
 
     loss, roll = GRPOLoss(loss_type="dapo"), _rollouts(B=2, G=8, P=3, L=60)
     assert not grouping_pays(_policy(), roll, torch.arange(16))
@@ -240,7 +240,7 @@ def test_flex_attention_takes_the_mask_as_a_block_mask_and_gives_the_per_row_log
     The first call compiles the kernel (about 10 s)."""
     from torch.nn.attention.flex_attention import BlockMask
 
-    from lit_rlft.step import layouts as batching
+    from lit_rlft.step import passes as batching
 
     policy, roll = _policy().eval(), _rollouts(B=3, G=3)
     rows, m = torch.arange(9), roll.completion_mask.bool()

@@ -112,7 +112,7 @@ def _episode_batch() -> Rollouts:
 def test_observation_tokens_are_context_not_loss(loss_type):
     """The updater's gradient is the loss over the policy's tokens alone (written by hand from the one-pass log-probs),
     micro-batched or packed alike; taking the observation tokens into the loss would give another gradient."""
-    from lit_rlft.step.layouts import sequence_logprobs
+    from lit_rlft.step.passes import sequence_logprobs
 
     batch = _episode_batch()
     adv = group_advantages(batch.rewards).reshape(-1)

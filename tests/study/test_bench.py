@@ -84,11 +84,11 @@ def test_bench_end_to_end_two_strategies(tmp_path, monkeypatch):
 
 
 def test_a_failed_run_is_recorded_and_reported(tmp_path):
-    from benchmarks.study.study import run_study
+    from benchmarks.study.study import run_countdown_study
 
     # reference_size larger than the pool makes DOTS fail in setup; uniform still runs.
     cfg = StudyConfig(strategies=["uniform", "dots"], jobs=0, **{**TINY_STUDY, "reference_size": 100})
-    study = run_study(cfg, tmp_path, progress=False)
+    study = run_countdown_study(cfg, tmp_path, progress=False)
     status = {r["run"]: r["status"] for r in study["runs"]}
     assert status == {"uniform-pool64-seed0": "ok", "dots-pool64-seed0": "failed"}
     failed = json.loads((tmp_path / "pool64" / "runs" / "dots-seed0.json").read_text())

@@ -21,8 +21,8 @@ Notation: ``n`` rows of a micro-batch, ``P`` / ``L`` the batch's prompt / comple
   ``sum_i (p_i + l_i)`` (Countdown: 13 + 8 x 28 against 8 x 41 positions per group). It needs an attention that takes a
   4-D mask (sdpa and eager take it dense, flex_attention as a ``BlockMask`` whose kernel skips the blocks no query
   attends in: :func:`grouped_attention_supported`). Logits only at the completion-predicting positions.
-- Chunked log-probs (``chunk_tokens``, ``model.optim.logprob_chunk_tokens``): in any of these layouts, a pass over
-  more than ``chunk_tokens`` completion positions never holds their ``[K, V]`` logits. The output embedding's
+- Chunked log-probs (``model.optim.logprob_chunk_tokens``): in any of these layouts, a pass over
+  more than that many completion positions never holds their ``[K, V]`` logits. The output embedding's
   forward is swapped, for the one call, for :func:`~lit_rlft.core.logprobs.chunked_logprobs` of its input (the
   hidden states at the completion-predicting positions): the model's forward returns the log-probs in place of
   the logits, each chunk's logits are computed, reduced and freed in turn, and recomputed chunk by chunk in the
@@ -47,7 +47,7 @@ __all__ = ["group_segments", "grouped_attention_supported", "grouping_pays", "he
 def sequence_logprobs(
     model: nn.Module, rollouts: Rollouts, rows: Tensor, temperature: float, device: torch.device | str,
     with_entropy: bool = False, packed: bool = False, trim: bool = False, entropy_grad: bool = False,
-    grouped: bool = False, chunk_tokens: int | str | None = None,
+    grouped: bool = False, logprob_chunk_tokens: int | str | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token log-probs ``[n, L]`` (and entropy ``[n, L]``) of the completions at ``rows`` ``[n]`` under ``model``.
 
@@ -56,10 +56,10 @@ def sequence_logprobs(
     longest prompt and completion. Both give the untrimmed pass's values up to float rounding; positions past a
     row's completion are 0. ``entropy_grad``: the entropy keeps its gradient (an entropy bonus in the loss).
     ``grouped``: shared-prompt segments (see the module docstring; it takes precedence over ``packed`` and ``trim``).
-    ``chunk_tokens``: log-probs from the hidden states in chunks of this many positions (``"auto"``: chunks of at
+    ``logprob_chunk_tokens``: log-probs from the hidden states in chunks of this many positions (``"auto"``: chunks of at
     most :data:`~lit_rlft.core.logprobs.AUTO_CHUNK_LOGITS` logits; None: the full logits) when the pass has more.
     """
-    chunk = resolve_chunk_tokens(chunk_tokens, _vocab_size(model)) if chunk_tokens else None
+    chunk = resolve_chunk_tokens(logprob_chunk_tokens, _vocab_size(model)) if logprob_chunk_tokens else None
     if grouped:
         return _grouped_logprobs(model, rollouts, rows, temperature, device, with_entropy, entropy_grad, chunk)
     if packed:
