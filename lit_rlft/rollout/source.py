@@ -114,7 +114,7 @@ class RolloutSource(Protocol):
     def scored_by(self, scorer: Scorer) -> AbstractContextManager[None]:
         """Within the block, score the completions of requests made in it with ``scorer`` instead of :attr:`rewards`
         (a measurement's reward of its own); restored afterwards. Raises ValueError naming the source where that
-        cannot hold: it scores in another process, or has batches in flight that the block would score."""
+        cannot hold: it scores in another process, or on a thread of its own while the block runs (servers)."""
         ...
 
     def bind_ranks(self, ranks: Ranks) -> None:

@@ -81,19 +81,11 @@ def test_no_rollout_source_is_told_apart_by_its_type_outside_the_builder():
     assert not bad, "isinstance on a rollout source:\n" + "\n".join(bad)
 
 
-def test_generation_servers_score_with_another_scorer_only_between_batches():
-    from collections import deque
-
+def test_generation_servers_refuse_another_scorer():
+    """As before the seam: servers score training batches on their thread, so a measurement's scorer is refused up
+    front (at a study's first evaluation), not when a batch happens to be in flight."""
     from lit_rlft.rollout.servers.source import ServerRollouts
 
-    class _Worker:
-        rewards = "the run's"
-
-    source = ServerRollouts.__new__(ServerRollouts)  # the scoring swap needs no server
-    source.worker, source._batches = _Worker(), deque(["a batch in flight"])
-    with pytest.raises(ValueError, match=r"1 training batch\(es\) in flight"):
-        source.scored_by("the measurement's")
-    source._batches.clear()
-    with source.scored_by("the measurement's"):
-        assert source.worker.rewards == "the measurement's"
-    assert source.worker.rewards == "the run's"
+    source = ServerRollouts.__new__(ServerRollouts)  # the refusal needs no server
+    with pytest.raises(ValueError, match=r"ServerRollouts scores training batches.*reward_funcs"):
+        source.scored_by(RewardRunner([ZERO]))

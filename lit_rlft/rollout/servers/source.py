@@ -67,11 +67,12 @@ class ServerRollouts(WorkerRollouts):
         self.engine.ranks = ranks
 
     def scored_by(self, scorer: Scorer) -> contextlib.AbstractContextManager[None]:
-        """As the base's, once no training batch is in flight (their completions would be scored by ``scorer``)."""
-        if self.pending:
-            raise ValueError(f"ServerRollouts has {self.pending} training batch(es) in flight: a measurement scored "
-                             "by a reward of its own runs between batches (receive them first)")
-        return super().scored_by(scorer)
+        """Refused: training batches run on the servers' thread while a measurement runs (with depth > 0 at every
+        mark but the first), so a scorer swapped here would score some of them; refusing up front fails a study at
+        its first evaluation rather than mid-run."""
+        raise ValueError("ServerRollouts scores training batches on its own thread while a measurement runs: a "
+                         "measurement with a reward of its own (reward_funcs) needs the rollouts in the trainer's "
+                         "process (model.asynchronous.depth 0, no generation servers)")
 
     def attach(self, policy: nn.Module) -> None:
         """Use ``policy``: its pad and stop ids; its weights go to the servers before the first request."""

@@ -417,7 +417,7 @@ class ProcessRollouts:
         """Refused: this source scores in its generation process, with the scorer it was started with."""
         raise ValueError(f"ProcessRollouts scores in its generation process (pid {self.pid}): a measurement with a "
                          "reward of its own (reward_funcs) needs the rollouts scored in the trainer's process "
-                         "(model.asynchronous.depth 0, no generation servers' process)")
+                         "(model.asynchronous.depth 0, no generation servers)")
 
     def bind_ranks(self, ranks: Ranks) -> None:
         """Nothing to do: each rank has a generation process of its own."""
