@@ -143,7 +143,8 @@ class FabricLoop:
         self.data = data
         data.setup("fit")
         step.bind(data, get_collective(), callbacks=self.callbacks, sink=self._log, text_sink=self._log_text,
-                  ends=lambda: self.global_step >= self.max_steps, log_dir=self._log_dir())
+                  ends=lambda: self.global_step >= self.max_steps, log_dir=self._log_dir(),
+                  saver=self.save)
         policy, reference = step.policy, step.reference
         if policy is None:
             if step.config is None:

@@ -115,7 +115,8 @@ class GRPOModule(L.LightningModule):
         self.grpo.bind(trainer.datamodule, get_collective(), callbacks=trainer.callbacks, sink=self._log_scalars,
                        text_sink=lambda tag, text, step: log_text(trainer.loggers, tag, text, step),
                        ends=lambda: trainer.should_stop or 0 < (trainer.max_steps or -1) <= trainer.global_step,
-                       log_dir=trainer.log_dir or trainer.default_root_dir, stage=stage)
+                       log_dir=trainer.log_dir or trainer.default_root_dir, saver=trainer.save_checkpoint,
+                       stage=stage)
 
     def configure_callbacks(self) -> list[Any]:
         """Lightning's progress bar, counting rollout steps (see :mod:`lit_rlft.lightning.progress`)."""

@@ -127,6 +127,11 @@ class StepContext(Protocol):
         :meth:`ends_after_this_step`). ``reason`` is said when the run ends; every rank must request it alike."""
         ...
 
+    def save_checkpoint(self, path: str) -> None:
+        """Write the run's checkpoint (weights, optimizer, every callback's state) to ``path`` now, through the
+        driver; every rank must call it alike. A driver that binds no checkpoint writer raises."""
+        ...
+
     @property
     def log_dir(self) -> str:
         """Where the run writes its files."""

@@ -108,6 +108,7 @@ class GRPOStep:
         self._sink: MetricSink = lambda metrics, step: None
         self._text_sink: TextSink = lambda tag, text, step: None
         self._ends: Callable[[], bool] = lambda: False
+        self._saver: Callable[[str], None] | None = None
         self._log_dir, self._log_step, self._sync_s = ".", 0, 0.0
         self._stop: str | None = None
         self._engine_stale = False  # weights changed since the source last saw them (a checkpoint was loaded)
@@ -116,13 +117,16 @@ class GRPOStep:
     # ------------------------------------------------------------------------------------------------ wiring
     def bind(self, data: PromptData, collective: Collective | None = None, *, callbacks: Sequence[Any] = (),
              sink: MetricSink | None = None, text_sink: TextSink | None = None, ends: Callable[[], bool] | None = None,
-             log_dir: str | None = None, stage: str = "fit") -> None:
+             log_dir: str | None = None, saver: Callable[[str], None] | None = None, stage: str = "fit") -> None:
         """Connect the step to its prompt data, its ranks, its callbacks (those that are :class:`RolloutHook` reshape
-        each batch, in order; :class:`StopCondition` ones can end training) and its driver's logging and own stop
-        condition (``ends``: e.g. ``max_steps`` reached). A stop requested in an earlier fit is forgotten."""
+        each batch, in order; :class:`StopCondition` ones can end training) and its driver's logging, own stop
+        condition (``ends``: e.g. ``max_steps`` reached) and checkpoint writer (``saver(path)``: what
+        :meth:`save_checkpoint` calls; None: the driver saves none). A stop requested in an earlier fit is
+        forgotten."""
         collective = collective or LocalCollective()
         self.callbacks, self._stop = list(callbacks), None
         self._sink, self._text_sink = sink or self._sink, text_sink or self._text_sink
+        self._saver = saver or self._saver
         self._ends, self._log_dir = ends or self._ends, log_dir or self._log_dir
         if self.tools:  # chat-template prompts describe the environment's tools
             data.set_tools(self.tools)
@@ -234,6 +238,14 @@ class GRPOStep:
         plain loop asking :meth:`ends_after_this_step` all honour it; every rank must request it alike."""
         if self._stop is None:
             self._stop = reason
+
+    def save_checkpoint(self, path: str) -> None:
+        """Write the run's checkpoint to ``path`` now, through the driver (``Trainer.save_checkpoint``,
+        ``FabricLoop.save``); a collective call: every rank calls it."""
+        if self._saver is None:
+            raise RuntimeError(f"GRPOStep: cannot save {path}: the driver bound no checkpoint writer "
+                               "(step.bind(..., saver=...); the Trainer and FabricLoop bind theirs)")
+        self._saver(path)
 
     @property
     def stop_requested(self) -> str | None:

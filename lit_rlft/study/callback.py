@@ -1,21 +1,25 @@
 """StudyCallback: what one arm of a study measures, from inside a normal ``lit-rlft fit`` of its config.
 
 The study composes each run's config with this callback last (after the strategy's callbacks and the budget stop);
-the run itself is the user's own ``fit``. The callback:
+the run itself is the user's own ``fit`` (or the same run through ``FabricLoop``: ``lit-rlft study --loop fabric``).
+It is a :class:`~lit_rlft.callbacks.base.StepCallback` over the declared step context
+(:class:`~lit_rlft.study.evaluation.StudyContext`), so it measures alike under the Trainer, ``FabricLoop`` and a
+plain loop. The callback:
 
 - evaluates the policy (:class:`~lit_rlft.study.evaluation.HeldOutEvaluator`) before the first step and after every
   step in which cumulative completions (every purpose: reference sets, filtered rounds) cross one of ``marks``, and
   once more at the end if the run stopped between marks. The start evaluation is shared: when ``start_cache`` holds
   one made for a policy with the same probe (:func:`~lit_rlft.study.evaluation.policy_probe`) and the same
   evaluation settings, it is reused instead of measured again;
-- times every training step (from the step's start to the end of the strategy callbacks' work after it: selection
-  overhead included, evaluation excluded). The training wall-clock of a point is the sum of the step times before it,
+- times every training step (from the end of the previous step's measuring, or of the start evaluation, to the end
+  of the strategy callbacks' work after it: selection overhead included, evaluation and checkpoints excluded). The training wall-clock of a point is the sum of the step times before it,
   so it starts at the first training step;
 - counts, per step, the completions generated in groups without reward spread (fresh groups only; a dynamic-sampling
   round's discarded groups included): the rollouts that taught nothing;
 - writes everything to ``out`` (JSON, atomically) after every evaluation, so a run that dies keeps its curve;
 - with ``checkpoint``, saves the run (weights, optimizer, every callback's state: the selection's, the plan, its own
-  curve and clocks) to that file after every evaluation but the last, so a killed run resumes from its last mark
+  curve and clocks) to that file after every evaluation but the last, through the driver
+  (:meth:`~lit_rlft.step.context.StepContext.save_checkpoint`), so a killed run resumes from its last mark
   (``lit-rlft fit --ckpt_path``) and selects, samples and measures what the uninterrupted run would have.
 """
 
@@ -23,17 +27,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import lightning as L
 import torch
 
-from lit_rlft.callbacks.base import from_trainer_output
+from lit_rlft.callbacks.base import StepCallback
 from lit_rlft.records.jsonio import read_json, write_json, write_result
-from lit_rlft.study.evaluation import EvalSettings, HeldOutEvaluator, policy_probe
-
-if TYPE_CHECKING:
-    from lit_rlft.step.grpo import GRPOStep
+from lit_rlft.step.context import StepOutput
+from lit_rlft.study.evaluation import EvalSettings, HeldOutEvaluator, StudyContext, policy_probe
 
 __all__ = ["StudyCallback", "zero_spread_completions"]
 
@@ -51,8 +52,8 @@ def zero_spread_completions(record: Any) -> tuple[int, int]:
     return int(sizes[flat].sum()), int(sizes.sum())
 
 
-class StudyCallback(L.Callback):
-    """Measure one arm of a study (see the module docstring).
+class StudyCallback(StepCallback):
+    """Measure one arm of a study (see the module docstring), under the Trainer, ``FabricLoop`` or a plain loop.
 
     Args:
         marks: completion counts (increasing) after which to evaluate; the last is usually the budget.
@@ -83,81 +84,76 @@ class StudyCallback(L.Callback):
         self.train_s = 0.0  # the training wall-clock: the sum of step times
         self.eval_s = 0.0
         self._next = 0  # index of the next mark
-        self._t_step: float | None = None
-        self._progress: Any = None  # the step (its budget and rollout count go into the file)
+        self._t_step: float | None = None  # when the measured step's clock started
+        self._ctx: StudyContext | None = None
 
-    # -- Lightning hooks ---------------------------------------------------------------------------------------
-    def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
-        self._progress = pl_module.grpo
+    # -- the step's context methods (the Trainer, FabricLoop and a plain loop call them alike) ---------------------
+    def setup_step(self, ctx: StudyContext) -> None:
+        self._ctx = ctx
+
+    def before_first_step(self, ctx: StudyContext) -> None:
+        self._ctx = ctx
         if not self.curve:
-            self._evaluate(trainer, pl_module, start=True)
-
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            self._evaluate(ctx, start=True)
         self._t_step = time.perf_counter()
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def after_step(self, ctx: StudyContext, output: StepOutput) -> None:
         seconds = time.perf_counter() - (self._t_step or time.perf_counter())
         self.train_s += seconds
-        step = pl_module.grpo
-        output = from_trainer_output(outputs)
         wasted, fresh = zero_spread_completions(output.record)
-        self.steps.append({"step": int(output.step), "completions": int(step.budget.completions), "step_s": seconds,
+        self.steps.append({"step": int(output.step), "completions": int(ctx.budget.completions), "step_s": seconds,
                            "zero_spread_completions": wasted, "fresh_completions": fresh})
-        if trainer.is_global_zero:  # the study's progress bar reads it while the run goes on
-            write_json(Path(self.out).with_name("progress.json"), {"completions": int(step.budget.completions)})
+        if ctx.collective.rank == 0:  # the study's progress bar reads it while the run goes on
+            write_json(Path(self.out).with_name("progress.json"), {"completions": int(ctx.budget.completions)})
         crossed = False
-        while self._next < len(self.marks) and step.budget.completions >= self.marks[self._next]:
+        while self._next < len(self.marks) and ctx.budget.completions >= self.marks[self._next]:
             self._next, crossed = self._next + 1, True
         if crossed:
-            self._evaluate(trainer, pl_module)
-            if self.checkpoint and self._next < len(self.marks):  # the last mark ends the run: nothing to resume
-                t0 = time.perf_counter()
-                trainer.save_checkpoint(self.checkpoint)
-                self.eval_s += time.perf_counter() - t0  # kept out of the training clock, as evaluations are
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: Any) -> None:
-        if not self.curve or self.curve[-1]["step"] != pl_module.grpo.rollout_step:
-            self._evaluate(trainer, pl_module)  # stopped between marks (max_steps): the final point
-        self._write(trainer, finished=True)
+            self._evaluate(ctx)
+        if ctx.ends_after_this_step():  # the last step (the budget, max_steps, a stop request)
+            if self.curve[-1]["step"] != ctx.rollout_step:
+                self._evaluate(ctx)  # stopped between marks: the final point
+            self._write(ctx, finished=True)
+        elif crossed and self.checkpoint:
+            t0 = time.perf_counter()
+            ctx.save_checkpoint(self.checkpoint)
+            self.eval_s += time.perf_counter() - t0  # kept out of the training clock, as evaluations are
+        self._t_step = time.perf_counter()  # the next step's clock starts after this one's measuring
 
     # -- measuring ---------------------------------------------------------------------------------------------
-    def _evaluate(self, trainer: L.Trainer, pl_module: Any, start: bool = False) -> dict[str, Any]:
-        step = pl_module.grpo
+    def _evaluate(self, ctx: StudyContext, start: bool = False) -> dict[str, Any]:
         t0 = time.perf_counter()
-        point: dict[str, Any] = {"step": int(step.rollout_step), "completions": int(step.budget.completions),
+        point: dict[str, Any] = {"step": int(ctx.rollout_step), "completions": int(ctx.budget.completions),
                                  "wall_s": self.train_s}
-        shared = self._shared_start(step) if start else None
+        shared = self._shared_start(ctx) if start else None
         if shared is not None:
             point.update(shared["metrics"], shared_start=True)
         else:
-            metrics = self.evaluator.measure(step)
+            metrics = self.evaluator.measure(ctx)
             point.update(metrics)
-            if start and self.start_cache and trainer.is_global_zero:
-                write_json(self.start_cache, {"probe": policy_probe(step), "settings": self.settings.key(),
+            if start and self.start_cache and ctx.collective.rank == 0:
+                write_json(self.start_cache, {"probe": policy_probe(ctx), "settings": self.settings.key(),
                                               "metrics": metrics})
         point["eval_s"] = time.perf_counter() - t0
         self.eval_s += point["eval_s"]
         self.curve.append(point)
-        self._write(trainer)
+        self._write(ctx)
         return point
 
-    def _shared_start(self, step: GRPOStep) -> dict[str, Any] | None:
+    def _shared_start(self, ctx: StudyContext) -> dict[str, Any] | None:
         """The study's start evaluation when it was made for this very policy and these settings, else None."""
         if not self.start_cache or not Path(self.start_cache).is_file():
             return None
         cached = read_json(self.start_cache)
         if not cached or cached.get("settings") != self.settings.key():
             return None
-        return cached if cached.get("probe") == policy_probe(step) else None
+        return cached if cached.get("probe") == policy_probe(ctx) else None
 
-    def _write(self, trainer: L.Trainer, finished: bool = False) -> None:
-        if not trainer.is_global_zero:
+    def _write(self, ctx: StudyContext, finished: bool = False) -> None:
+        if ctx.collective.rank != 0:
             return
-        step = self._progress
         write_result(self.out, {"curve": self.curve, "steps": self.steps, "finished": finished,
-                                "rollout_steps": int(step.rollout_step) if step is not None else None,
-                                "budget": step.budget.state_dict() if step is not None else None,
+                                "rollout_steps": int(ctx.rollout_step), "budget": ctx.budget.state_dict(),
                                 "timings": {"train_wall_s": self.train_s, "eval_s": self.eval_s}})
 
     # -- checkpoints -------------------------------------------------------------------------------------------

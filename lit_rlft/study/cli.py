@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lit_rlft.study.settings import TRL_ARM, StudySettings
+from lit_rlft.study.settings import LOOPS, TRL_ARM, StudySettings
 from lit_rlft.study.strategies import STRATEGIES, StrategySettings
 from lit_rlft.study.study import StudyError
 
@@ -112,6 +112,8 @@ def parser() -> argparse.ArgumentParser:
                         "little and fewer for the rest")
     p.add_argument("--set", dest="settings", type=_setting, action="append", default=[], metavar="KEY=VALUE",
                    help="a shipped strategy's setting, repeatable, e.g. --set dps_decay=0.7")
+    p.add_argument("--loop", choices=LOOPS, default=d.loop,
+                   help=f"what drives each lit_rlft run: the Trainer (lit-rlft fit) or FabricLoop (default {d.loop})")
     p.add_argument("--run-timeout", type=float, default=None, help="seconds after which a run is killed (default none)")
     p.add_argument("--probe-prompts", type=int, default=d.probe_prompts,
                    help=f"training and held-out prompts the probe samples before the runs (default {d.probe_prompts})")
@@ -127,7 +129,8 @@ def settings_from_args(a: argparse.Namespace) -> StudySettings:
         out=a.out, jobs=a.jobs, threads=a.threads, baseline=a.baseline, eval_seed=a.eval_seed,
         train_subset=a.train_subset, train_generations=a.train_generations, groups=dict(a.group),
         eval_reward=a.eval_reward, arm_seeds=dict(a.arm_seeds), metric=a.metric,
-        strategy_settings=StrategySettings(**dict(a.settings)), run_timeout_s=a.run_timeout, probe=not a.no_probe,
+        strategy_settings=StrategySettings(**dict(a.settings)), run_timeout_s=a.run_timeout, loop=a.loop,
+        probe=not a.no_probe,
         probe_prompts=a.probe_prompts)
 
 

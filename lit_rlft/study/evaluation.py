@@ -21,19 +21,37 @@ is charged to the rollout budget (``purpose="eval"``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 
+from lit_rlft.step.context import StepContext
 from lit_rlft.step.seeding import StepSeeds
 
 if TYPE_CHECKING:
-    from lit_rlft.step.grpo import GRPOStep
+    from lit_rlft.rewards.scorer import Scorer
+    from lit_rlft.step.config import GenerationConfig
+    from lit_rlft.step.sharded import ShardedRollouts
 
-__all__ = ["EvalSeeds", "EvalSettings", "HeldOutEvaluator", "policy_probe"]
+__all__ = ["EvalSeeds", "EvalSettings", "HeldOutEvaluator", "StudyContext", "policy_probe"]
+
+
+class StudyContext(StepContext, Protocol):
+    """What a study's measurement uses of the running step: the declared step context, its evaluation seam
+    (:mod:`lit_rlft.step.evaluation`) and the rollouts and sampling a training-pool measurement goes through.
+    :class:`~lit_rlft.step.grpo.GRPOStep` is one, under the Trainer, ``FabricLoop`` and a plain loop."""
+
+    rollouts: ShardedRollouts
+    generation: GenerationConfig
+
+    def evaluating(self, seeds: StepSeeds,
+                   scorer: Scorer | None = None) -> contextlib.AbstractContextManager[None]: ...
+
+    def evaluate(self, seeds: StepSeeds, scorer: Scorer | None = None) -> dict[str, float]: ...
 
 #: Where the training-subset measurement's seeds start (validation batch ``i`` uses salt ``2 + i``).
 TRAIN_SUBSET_SALT = 1_000_000
@@ -113,8 +131,9 @@ def pooled(metrics: dict[str, float], groups: dict[str, list[Any]], prefix: str 
 
 
 class HeldOutEvaluator:
-    """Measure a step's policy (see the module docstring). ``step``: a :class:`~lit_rlft.step.grpo.GRPOStep` with its
-    policy attached and its prompt data bound (a ``data.val`` pool is required)."""
+    """Measure a step's policy (see the module docstring). ``step``: a :class:`StudyContext` (a
+    :class:`~lit_rlft.step.grpo.GRPOStep`) with its policy attached and its prompt data bound (a ``data.val`` pool is
+    required)."""
 
     def __init__(self, settings: EvalSettings | None = None):
         self.settings = settings or EvalSettings()
@@ -129,7 +148,7 @@ class HeldOutEvaluator:
         return self._scorer
 
     @torch.no_grad()
-    def measure(self, step: GRPOStep) -> dict[str, float]:
+    def measure(self, step: StudyContext) -> dict[str, float]:
         data = step.rollouts.bound_data
         if data.val_pool is None:
             raise ValueError("the study evaluates on the config's held-out data: give data.val")
@@ -141,7 +160,7 @@ class HeldOutEvaluator:
                 metrics.update(self._train_pool(step, data, seeds))
         return metrics
 
-    def _train_pool(self, step: GRPOStep, data: Any, seeds: StepSeeds) -> dict[str, float]:
+    def _train_pool(self, step: StudyContext, data: Any, seeds: StepSeeds) -> dict[str, float]:
         """``train_pool_reward`` (and per difficulty) of the fixed training subset, sampled at the training
         temperature in batches of ``data.val_batch_size`` prompts."""
         ids = subset_ids(data.pool("train").ids, self.settings.train_subset)
@@ -168,7 +187,7 @@ class HeldOutEvaluator:
 
 
 @torch.no_grad()
-def policy_probe(step: GRPOStep) -> str:
+def policy_probe(step: StudyContext) -> str:
     """A fingerprint of the function the policy computes: a hash of its logits on the first held-out prompt (at
     most 64 tokens). Two runs whose policies give the same probe start from the same model (a LoRA adapter whose
     ``B`` is zero leaves the base model's logits bit for bit), so one start evaluation serves both."""

@@ -11,7 +11,10 @@ from typing import Any
 from lit_rlft.study.evaluation import EvalSettings
 from lit_rlft.study.strategies import StrategySettings, resolve_arm
 
-__all__ = ["TRL_ARM", "StudySettings", "arm_name"]
+__all__ = ["LOOPS", "TRL_ARM", "StudySettings", "arm_name"]
+
+#: What can drive a study's lit_rlft runs (``--loop``).
+LOOPS = ("trainer", "fabric")
 
 #: The arm name of TRL's ``GRPOTrainer`` on the same config (``--baseline trl`` or ``--strategies ...,trl``).
 TRL_ARM = "trl"
@@ -53,6 +56,9 @@ class StudySettings:
         probe: run ``lit-rlft probe`` on the config before any run (its verdict heads the report; cached in
             ``<out>/probe`` for the same config).
         probe_prompts: training-pool prompts the probe samples (as many held-out ones).
+        loop: what drives each lit_rlft run: ``trainer`` (``lit-rlft fit``, Lightning's Trainer) or ``fabric``
+            (:class:`~lit_rlft.lightning.fabric.FabricLoop`, :mod:`~lit_rlft.study.fabric_arm`); the same step,
+            callbacks and measurement either way.
         checkpoints: save each run after every evaluation but the last, so that a killed study resumes its
             unfinished runs from their last mark instead of from the start (the checkpoint is deleted when the run
             finishes).
@@ -79,10 +85,13 @@ class StudySettings:
     max_steps_factor: int = 10
     run_timeout_s: float | None = None
     checkpoints: bool = True
+    loop: str = "trainer"
     probe: bool = True
     probe_prompts: int = 32
 
     def __post_init__(self) -> None:
+        if self.loop not in LOOPS:
+            raise ValueError(f"the study's loop must be one of {', '.join(LOOPS)}; got {self.loop!r}")
         self.configs = [str(c) for c in self.configs]
         self.seeds = [int(s) for s in self.seeds]
         if isinstance(self.strategy_settings, dict):

@@ -234,7 +234,8 @@ def plan(settings: StudySettings, checked: Checked) -> list[PlannedRun]:
         study_callbacks = _study_callbacks(settings, checked, run_dir, out)
         config = run_config(checked.base, [s.config() for s in specs], study_callbacks, seed, run_dir, max_steps)
         key = fingerprint(checked.base, callbacks, seed, settings.completions, settings.marks,
-                          settings.eval_settings.key(), label == TRL_ARM)
+                          settings.eval_settings.key(), label == TRL_ARM,
+                          *([settings.loop] if settings.loop != "trainer" and label != TRL_ARM else []))
         config_path = write_config(config, run_dir / "config.yaml", header=(
             f"lit_rlft study run {name} (fingerprint {key}): the run config with the arm's callbacks and the study's\n"
             f"measurement. Redo it alone: lit-rlft fit --config {run_dir / 'config.yaml'}"))
@@ -245,9 +246,13 @@ def plan(settings: StudySettings, checked: Checked) -> list[PlannedRun]:
             in_process = _trl_in_process(config_path)
         else:
             resume = resumable(run_dir, key)
-            command = python_command("-m", "lit_rlft.cli", "fit", "--config", str(config_path),
-                                     *(["--ckpt_path", str(resume)] if resume else []))
-            in_process = _fit_in_process(config_path, resume)
+            resume_args = ["--ckpt_path", str(resume)] if resume else []
+            if settings.loop == "fabric":
+                command = python_command("-m", "lit_rlft.study.fabric_arm", "--config", str(config_path), *resume_args)
+                in_process = _fabric_in_process(config_path, resume)
+            else:
+                command = python_command("-m", "lit_rlft.cli", "fit", "--config", str(config_path), *resume_args)
+                in_process = _fit_in_process(config_path, resume)
             info["resumed_from"] = str(resume) if resume else None
             write_json(run_dir / RESUME_KEY, {"fingerprint": key})
         runs.append(PlannedRun(name=name, arm=label, seed=seed, run_dir=run_dir,
@@ -282,6 +287,15 @@ def _fit_in_process(path: Path, resume: Path | None = None) -> Any:
         from lit_rlft.cli.lightning_cli import grpo_cli
 
         grpo_cli(["fit", "--config", str(path), *(["--ckpt_path", str(resume)] if resume else [])])
+
+    return fit
+
+
+def _fabric_in_process(path: Path, resume: Path | None = None) -> Any:
+    def fit() -> None:
+        from lit_rlft.study.fabric_arm import run
+
+        run(str(path), str(resume) if resume else None)
 
     return fit
 

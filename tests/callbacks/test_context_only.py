@@ -72,6 +72,7 @@ class FakeContext:
         self.callbacks: list = []  # what a driver binds: the stop conditions among them are asked, as GRPOStep does
         self.async_depth, self.in_flight = 0, np.zeros(0, dtype=np.int64)  # synchronous
         self.stopped: str | None = None
+        self.saved: list[str] = []  # checkpoints asked of the driver
 
     def rollout(self, prompt_ids: np.ndarray, purpose: str = "train",
                 num_generations: int | None = None) -> tuple[Rollouts, OutcomeRecord]:
@@ -103,6 +104,9 @@ class FakeContext:
 
     def request_stop(self, reason: str) -> None:
         self.stopped = self.stopped or reason
+
+    def save_checkpoint(self, path: str) -> None:
+        self.saved.append(path)
 
     def ends_after_this_step(self) -> bool:
         for cb in self.callbacks:

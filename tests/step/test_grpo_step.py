@@ -143,6 +143,40 @@ def test_a_stop_requested_through_the_context_ends_either_driver(tmp_path, drive
     assert step.rollout_step == 2 and step.stop_requested == "asked after step 1"
 
 
+class SaveAfter(StepCallback):
+    """Asks the driver for a checkpoint through the context after rollout step ``n``."""
+
+    def __init__(self, n: int, path: str):
+        self.n, self.path, self.seen = n, path, None
+
+    def after_step(self, ctx, output):
+        if output.step == self.n:
+            ctx.save_checkpoint(self.path)
+            self.seen = ctx.rollout_step
+
+
+@pytest.mark.parametrize("driver", ["trainer", "fabric"])
+def test_a_checkpoint_asked_through_the_context_is_the_drivers_and_resumes(tmp_path, driver):
+    path = str(tmp_path / "asked.ckpt")
+    if driver == "trainer":
+        module = tiny_module(learning_rate=1e-3)
+        tiny_trainer(tmp_path, max_steps=3, callbacks=[SaveAfter(1, path)]).fit(module, datamodule=countdown_dm())
+    else:
+        FabricLoop(L.Fabric(accelerator="cpu", devices=1), max_steps=3, callbacks=[SaveAfter(1, path)],
+                   progress_bar=False).fit(tiny_config(), countdown_dm())
+    saved = torch.load(path, weights_only=False)
+    assert saved["global_step"] == 2  # written at that moment, in the Trainer's layout, by either driver
+    resumed = FabricLoop(L.Fabric(accelerator="cpu", devices=1), max_steps=3, progress_bar=False)
+    assert resumed.fit(tiny_config(), countdown_dm(), ckpt_path=path).rollout_step == 3
+
+
+def test_a_plain_loop_without_a_checkpoint_writer_refuses_a_checkpoint_naming_bind(tmp_path):
+    step = _step()
+    with pytest.raises(RuntimeError, match=r"cannot save .*asked\.ckpt: the driver bound no checkpoint writer "
+                                           r"\(step\.bind\(\.\.\., saver=\.\.\.\)"):
+        step.save_checkpoint(str(tmp_path / "asked.ckpt"))
+
+
 def test_a_scorer_set_on_the_step_leaves_failure_reports_to_the_step():
     """The step prints every rank's reward failures (RewardFailureLog); a RewardRunner set later must not print its
     own rank-local warning as well."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import lightning as L
+from lit_rlft.callbacks.base import StepCallback
 
 
 def contains_one(completions: list[str], **columns: Any) -> list[float]:
@@ -14,14 +14,15 @@ def contains_one(completions: list[str], **columns: Any) -> list[float]:
     return [1.0 if "1" in c else 0.0 for c in completions]
 
 
-class CrashAt(L.Callback):
-    """Raise after rollout step ``step`` has run, while the file ``flag`` exists: a run killed mid-way."""
+class CrashAt(StepCallback):
+    """Raise after rollout step ``step`` has run, while the file ``flag`` exists: a run killed mid-way (under the
+    Trainer or FabricLoop)."""
 
     def __init__(self, step: int, flag: str):
         self.step, self.flag = step, flag
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if pl_module.grpo.rollout_step == self.step and Path(self.flag).exists():
+    def after_step(self, ctx: Any, output: Any) -> None:
+        if ctx.rollout_step == self.step and Path(self.flag).exists():
             raise RuntimeError("killed (tests.study.helpers.CrashAt)")
 
 

@@ -119,6 +119,31 @@ def test_a_runs_config_redone_alone_gives_its_measurements(tmp_path):
     assert [{k: p[k] for k in keys} for p in measured["curve"]] == [{k: p[k] for k in keys} for p in recorded["curve"]]
 
 
+def test_a_two_arm_study_through_fabric_measures_what_the_trainer_measures(tmp_path):
+    """``--loop fabric``: each arm runs through FabricLoop, the same step, callbacks and measurement over the declared
+    step context, so every figure of every point equals the Trainer's (the two drivers train bit for bit alike)."""
+    trainer = run_study(settings(tmp_path, out=str(tmp_path / "trainer")), progress=False)
+    fabric = run_study(settings(tmp_path, out=str(tmp_path / "fabric"), loop="fabric"), progress=False)
+    config = yaml.safe_load((tmp_path / "fabric" / "arms" / "mopps-seed0" / "config.yaml").read_text())
+    assert config["trainer"]["callbacks"][-1]["class_path"] == "lit_rlft.study.StudyCallback"
+    for a, b in zip(trainer["runs"], fabric["runs"], strict=True):
+        assert a["run"] == b["run"] and b["status"] == "ok", b.get("log_tail")
+        assert a["fingerprint"] != b["fingerprint"]  # another driver is another run: neither reuses the other
+        assert len(b["curve"]) == 3 and not any("val/accuracy" not in p for p in b["curve"])
+        for p, q in zip(a["curve"], b["curve"], strict=True):
+            assert {k: v for k, v in p.items() if not k.endswith("_s")} == \
+                {k: v for k, v in q.items() if not k.endswith("_s")}
+        assert [x["zero_spread_completions"] for x in a["step_log"]] == \
+            [x["zero_spread_completions"] for x in b["step_log"]]
+        untimed = [{k: v for k, v in r["budget"].items() if not k.endswith("_s")} for r in (a, b)]
+        assert untimed[0] == untimed[1] and a["steps"] == b["steps"] == 3
+        assert b["series"]["reward"] == a["series"]["reward"]  # Fabric's TensorBoard under the run's folder
+        assert b["series"].get("mopps/effective_ratio") == a["series"].get("mopps/effective_ratio")
+    assert fabric["summary"]["strategies"]["mopps"]["final_diff"] == \
+        trainer["summary"]["strategies"]["mopps"]["final_diff"]
+    assert fabric["settings"]["loop"] == "fabric"
+
+
 def test_a_killed_study_resumes_with_the_finished_runs_and_runs_the_rest(tmp_path):
     s = settings(tmp_path, train_subset=0)
     run_study(s, progress=False)
@@ -207,16 +232,17 @@ def test_a_config_that_does_not_build_names_the_key(tmp_path, capsys):
     assert err.startswith("lit-rlft study: error: the run config does not build:") and "num_generatoins" in err
 
 
-def test_a_run_killed_mid_way_resumes_from_its_last_mark_and_measures_what_the_whole_run_measures(tmp_path):
+@pytest.mark.parametrize("loop", ["trainer", "fabric"])
+def test_a_run_killed_mid_way_resumes_from_its_last_mark_and_measures_what_the_whole_run_measures(tmp_path, loop):
     """A checkpoint after every evaluation but the last: the killed run goes on from its last mark (selection state,
-    plan, curve and clocks restored) and ends with the uninterrupted run's measurements."""
+    plan, curve and clocks restored) and ends with the uninterrupted run's measurements, under either driver."""
     flag = tmp_path / "kill"
     cfg = yaml.safe_load(tiny_run_config(tmp_path).read_text())
     cfg["trainer"]["callbacks"].append({"class_path": "tests.study.helpers.CrashAt",
                                         "init_args": {"step": 3, "flag": str(flag)}})
     path = tmp_path / "crash.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    kw = dict(strategies=["mopps"], baseline="mopps", completions=64, eval_every=16, train_subset=0)
+    kw = dict(strategies=["mopps"], baseline="mopps", completions=64, eval_every=16, train_subset=0, loop=loop)
     whole = run_study(settings(tmp_path, out=str(tmp_path / "whole"), **kw), progress=False)["runs"][0]
     flag.touch()
     s = settings(tmp_path, configs=[str(path)], **kw)
