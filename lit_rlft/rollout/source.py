@@ -18,9 +18,9 @@ written once for every kind (:mod:`lit_rlft.step.sharded`).
 
 Kinds (a new kind is a new file implementing the Protocol, never a branch in the step):
 
-- :class:`~lit_rlft.rollout.sources.in_process.InProcessRollouts`: the engine in the trainer's process, on the trainer's own
+- :class:`~lit_rlft.rollout.in_process.InProcessRollouts`: the engine in the trainer's process, on the trainer's own
   policy (``model.asynchronous.depth = 0``).
-- :class:`~lit_rlft.rollout.sources.process.ProcessRollouts`: a generation process beside the trainer, with its own
+- :class:`~lit_rlft.rollout.process.ProcessRollouts`: a generation process beside the trainer, with its own
   copy of the weights pushed through shared memory (``async_depth = k``).
 - :class:`~lit_rlft.rollout.servers.source.ServerRollouts`: vLLM servers on this machine or others (``lit-rlft
   serve``), weights pushed over a ``torch.distributed`` group (``model.engine: ServerEngine``, any depth).

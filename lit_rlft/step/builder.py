@@ -23,10 +23,10 @@ from lit_rlft.rewards.runner import RewardRunner, resolve_reward
 from lit_rlft.rewards.scorer import Scorer
 from lit_rlft.rollout.engines.hf import HFEngine
 from lit_rlft.rollout.episodes import EpisodeRunner
+from lit_rlft.rollout.in_process import InProcessRollouts
+from lit_rlft.rollout.process import ProcessRollouts
 from lit_rlft.rollout.servers.source import ServerRollouts
 from lit_rlft.rollout.source import RolloutSource
-from lit_rlft.rollout.sources.in_process import InProcessRollouts
-from lit_rlft.rollout.sources.process import ProcessRollouts
 from lit_rlft.rollout.worker import RolloutWorker
 from lit_rlft.step.config import GRPOConfig
 from lit_rlft.step.grpo import GRPOStep

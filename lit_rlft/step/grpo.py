@@ -67,8 +67,8 @@ class GRPOStep:
     """One GRPO rollout step with the off-policy (replay) loss; Lightning-free.
 
     Args:
-        source: where this rank's rollouts come from (:class:`~lit_rlft.rollout.sources.in_process.InProcessRollouts`, a
-            :class:`~lit_rlft.rollout.sources.process.ProcessRollouts`, ...).
+        source: where this rank's rollouts come from (:class:`~lit_rlft.rollout.in_process.InProcessRollouts`, a
+            :class:`~lit_rlft.rollout.process.ProcessRollouts`, ...).
         tokenizer: the policy's tokenizer.
         generation: how completions are sampled.
         asynchronous: the asynchronous pipeline (``depth``: training batches kept in flight).

@@ -57,7 +57,7 @@ def test_the_block_restores_the_run_when_the_measurement_fails():
 
 
 def test_a_source_that_scores_in_another_process_refuses_another_scorer():
-    from lit_rlft.rollout.sources.process import ProcessRollouts
+    from lit_rlft.rollout.process import ProcessRollouts
 
     source = ProcessRollouts.__new__(ProcessRollouts)  # the refusal needs no process
     source.process = None

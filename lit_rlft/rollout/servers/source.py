@@ -31,8 +31,8 @@ from torch import nn
 from lit_rlft.rewards.scorer import Scorer
 from lit_rlft.rollout.servers.client import ServerEngine
 from lit_rlft.rollout.source import RolloutReply, RolloutRequest
-from lit_rlft.rollout.sources.base import WorkerRollouts
 from lit_rlft.rollout.worker import RolloutWorker
+from lit_rlft.rollout.worker_rollouts import WorkerRollouts
 from lit_rlft.runtime.distributed import Ranks
 
 __all__ = ["ServerRollouts"]

@@ -19,8 +19,8 @@ from torch import nn
 
 from lit_rlft.models.sharding import is_sharded
 from lit_rlft.rollout.source import RolloutReply, RolloutRequest
-from lit_rlft.rollout.sources.base import WorkerRollouts
 from lit_rlft.rollout.worker import RolloutWorker
+from lit_rlft.rollout.worker_rollouts import WorkerRollouts
 
 __all__ = ["InProcessRollouts"]
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from lit_rlft import build_step
-from lit_rlft.rollout.sources.process import GenerationError
+from lit_rlft.rollout.process import GenerationError
 from lit_rlft.step import TorchBackend, train
 from lit_rlft.step.optim import configure_adamw
 from tests.conftest import countdown_dm, tiny_config
@@ -109,10 +109,10 @@ PATHS = {
     "push": dict(target="sync_weights", after_s=0.0, doing=r"pushing weights version 1", reward=COIN),
     # the trainer waits for its batch while the process is scoring it
     "receive": dict(target="receive", after_s=0.5, doing=r"receiving the train rollouts of 4 prompts requested at "
-                                                            r"step \d", reward="tests.rollout.sources.test_process.slow_coin"),
+                                                            r"step \d", reward="tests.rollout.process.test_process.slow_coin"),
     # the trainer waits for a validation call while the process is scoring it
     "validation": dict(target="rollout", after_s=0.5, doing=r"waiting for the validation rollouts of \d+ prompts",
-                       reward="tests.rollout.sources.test_process.slow_coin"),
+                       reward="tests.rollout.process.test_process.slow_coin"),
     # killed between steps, while the trainer trains (the process generating ahead or idle): named at the next call
     "idle": dict(target=None, after_s=0.0, doing=r"submitting the train rollouts of 4 prompts requested at step 1",
                  reward=COIN),

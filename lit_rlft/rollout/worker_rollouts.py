@@ -1,5 +1,5 @@
 """What the rollout sources whose rollouts a :class:`~lit_rlft.rollout.worker.RolloutWorker` of this process makes
-share (:class:`WorkerRollouts`: the engine in process, generation servers), and the one way every source stops the
+share (:class:`WorkerRollouts`: the engine in process, ``in_process.py``; generation servers, ``servers/source.py``), and the one way every source stops the
 workers it scores with (:func:`close_scoring`)."""
 
 from __future__ import annotations
