@@ -41,7 +41,7 @@ class InProcessRollouts(WorkerRollouts):
     def attach(self, policy: nn.Module) -> None:
         """Set the engine up on ``policy``; a sharded (FSDP2) policy's reward models are sharded over its mesh."""
         if self._set_up(policy) and is_sharded(policy):
-            self.rewards.shard(next(p for p in policy.parameters() if hasattr(p, "device_mesh")).device_mesh)
+            self.scorer.shard(next(p for p in policy.parameters() if hasattr(p, "device_mesh")).device_mesh)
 
     def submit(self, request: RolloutRequest) -> None:
         """Generate and score ``request`` now (the current weights); :meth:`receive` hands it back."""

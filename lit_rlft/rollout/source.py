@@ -108,11 +108,11 @@ class RolloutSource(Protocol):
     and :meth:`rollout` is answered after everything submitted before it. A request samples from the last weights
     pushed before it was made (in process: the policy itself)."""
 
-    rewards: Scorer
+    scorer: Scorer
     """The scorer of the completions it makes (setting it before the source starts replaces it)."""
 
     def scored_by(self, scorer: Scorer) -> AbstractContextManager[None]:
-        """Within the block, score the completions of requests made in it with ``scorer`` instead of :attr:`rewards`
+        """Within the block, score the completions of requests made in it with ``scorer`` instead of :attr:`scorer`
         (a measurement's reward of its own); restored afterwards. Raises ValueError naming the source where that
         cannot hold: it scores in another process, or on a thread of its own while the block runs (servers)."""
         ...

@@ -53,7 +53,7 @@ class RolloutWorker:
             and ``tool_failures``; observation tokens are left out of the loss (``Rollouts.policy_mask``).
     """
 
-    def __init__(self, engine: RolloutEngine, rewards: Scorer | Callable[..., Any], tokenizer: Any,
+    def __init__(self, engine: RolloutEngine, scorer: Scorer | Callable[..., Any], tokenizer: Any,
                  success_threshold: float = 1.0, score_chunks: int = 1, episodes: EpisodeRunner | None = None):
         if score_chunks < 1:
             raise ValueError(f"model.generation.score_chunks must be >= 1, got {score_chunks}")
@@ -62,20 +62,20 @@ class RolloutWorker:
                              "(model.environment): set it to 1")
         self.episodes = episodes
         self.engine = engine
-        self.rewards = rewards  # through the setter: a plain callable becomes a Scorer
+        self.scorer = scorer  # through the setter: a plain callable becomes a Scorer
         self.tokenizer = tokenizer
         self.success_threshold = success_threshold
         self.score_chunks = score_chunks
         self._scoring: ThreadPoolExecutor | None = None
 
     @property
-    def rewards(self) -> Scorer:
+    def scorer(self) -> Scorer:
         """The scorer."""
-        return self._rewards
+        return self._scorer
 
-    @rewards.setter
-    def rewards(self, scorer: Scorer | Callable[..., Any]) -> None:
-        self._rewards = as_scorer(scorer)
+    @scorer.setter
+    def scorer(self, scorer: Scorer | Callable[..., Any]) -> None:
+        self._scorer = as_scorer(scorer)
 
     @staticmethod
     def failed_in_generation(exc: BaseException) -> bool:
@@ -154,11 +154,11 @@ class RolloutWorker:
         # tokens of each completion, for length-aware rewards (DAPO's soft overlong punishment)
         policy = out.completion_mask if out.policy_mask is None else out.policy_mask
         columns.setdefault("completion_length", policy.sum(-1).tolist())  # the policy's tokens
-        if self.rewards.scores_batches:  # reward models, judges, remote scorers: token ids, whole groups
+        if self.scorer.scores_batches:  # reward models, judges, remote scorers: token ids, whole groups
             lengths = out.completion_mask.sum(-1).tolist()
             columns["completion_ids"] = [row[:n] for row, n in zip(out.completion_ids.tolist(), lengths)]
-            return texts, self.rewards(texts, columns, group_size=G)
-        return texts, self.rewards(texts, columns)
+            return texts, self.scorer(texts, columns, group_size=G)
+        return texts, self.scorer(texts, columns)
 
     def _chunked(self, prompts: list[list[int]], columns: dict[str, list[Any]], G: int, sampling: SamplingConfig,
                  seed: int | None) -> tuple[Any, list[str], Any, float]:
@@ -167,7 +167,7 @@ class RolloutWorker:
         if self.engine.synced:
             raise ValueError("model.generation.score_chunks > 1 needs an unsharded policy: under FSDP every rank "
                              "must make the same generate calls (set it to 1)")
-        if self.rewards.uses_global_rng:
+        if self.scorer.uses_global_rng:
             raise ValueError("model.generation.score_chunks > 1 cannot score with a reward that samples from torch's "
                              "global generator (an EngineJudge) while the policy generates: set it to 1")
         if self._scoring is None:

@@ -20,16 +20,16 @@ from lit_rlft.runtime.distributed import LocalCollective, Ranks
 __all__ = ["WorkerRollouts", "close_scoring"]
 
 
-def close_scoring(rewards: Scorer, episodes: EpisodeRunner | None) -> None:
+def close_scoring(scorer: Scorer, episodes: EpisodeRunner | None) -> None:
     """Stop the scorer's worker processes and the environment's (a later request starts them again)."""
-    rewards.close()
+    scorer.close()
     if episodes is not None:
         episodes.close()
 
 
 class WorkerRollouts:
     """The base of a source that answers requests with a rollout worker in this process: the worker and its engine,
-    the scorer (``rewards``, settable before the source starts), the engine set up once per attached policy, and the
+    the scorer (``scorer``, settable before the source starts), the engine set up once per attached policy, and the
     scoring workers stopped at :meth:`close`.
 
     Args:
@@ -54,22 +54,22 @@ class WorkerRollouts:
         return self.worker.engine
 
     @property
-    def rewards(self) -> Scorer:
-        return self.worker.rewards
+    def scorer(self) -> Scorer:
+        return self.worker.scorer
 
-    @rewards.setter
-    def rewards(self, scorer: Scorer) -> None:
-        self.worker.rewards = scorer
+    @scorer.setter
+    def scorer(self, scorer: Scorer) -> None:
+        self.worker.scorer = scorer
 
     @contextlib.contextmanager
     def scored_by(self, scorer: Scorer) -> Iterator[None]:
         """Within the block the worker scores with ``scorer`` (this process scores every request); restored after."""
-        saved = self.worker.rewards
-        self.worker.rewards = scorer
+        saved = self.worker.scorer
+        self.worker.scorer = scorer
         try:
             yield
         finally:
-            self.worker.rewards = saved
+            self.worker.scorer = saved
 
     def _set_up(self, policy: nn.Module) -> bool:
         """Set the engine up on ``policy`` (sharded or not); False when it is the policy already attached."""
@@ -85,4 +85,4 @@ class WorkerRollouts:
 
     def close(self) -> None:
         """Stop the scorer's and the environment's worker processes (a later request starts them again)."""
-        close_scoring(self.rewards, self.worker.episodes)
+        close_scoring(self.scorer, self.worker.episodes)

@@ -39,10 +39,10 @@ def build_step(config: GRPOConfig, models: bool = True, mesh: Any = None) -> GRP
     process, or, with ``asynchronous.depth > 0``, a generation process beside it; worker processes start on first
     use), and, with ``models``, the policy and reference (:func:`build_models`, sharded over ``mesh``) attached, which
     sets the engine up. ``step.config`` keeps ``config``."""
-    rewards = RewardRunner([resolve_reward(f) for f in config.reward_funcs], weights=config.reward_weights,
+    scorer = RewardRunner([resolve_reward(f) for f in config.reward_funcs], weights=config.reward_weights,
                            timeout_s=config.reward_timeout_s, num_workers=config.reward_workers)
     tokenizer = load_tokenizer_for(config.model)
-    step = GRPOStep(rollout_source(config, rewards, tokenizer), tokenizer, generation=config.generation,
+    step = GRPOStep(rollout_source(config, scorer, tokenizer), tokenizer, generation=config.generation,
                     asynchronous=config.asynchronous, loss=config.loss, optim=config.optim,
                     scale_rewards=config.scale_rewards, tools=config.environment.tool_schemas() if config.environment is not None else ())
     step.config = config
@@ -51,7 +51,7 @@ def build_step(config: GRPOConfig, models: bool = True, mesh: Any = None) -> GRP
     return step
 
 
-def rollout_source(config: GRPOConfig, rewards: Scorer, tokenizer: Any) -> RolloutSource:
+def rollout_source(config: GRPOConfig, scorer: Scorer, tokenizer: Any) -> RolloutSource:
     """Where the step's rollouts come from, by :attr:`GRPOConfig.rollout_kind`: generation servers (``servers``: the
     engine a :class:`~lit_rlft.rollout.servers.ServerEngine`, at any depth), the engine in this process (``in_process``) or a generation
     process with its own copy of the policy (``process``: ``asynchronous.depth > 0``)."""
@@ -61,9 +61,9 @@ def rollout_source(config: GRPOConfig, rewards: Scorer, tokenizer: Any) -> Rollo
     if kind == "process":  # the worker is built in the generation process, from these settings
         a = config.asynchronous
         policy = functools.partial(generation_policy, config.model, config.dtype, config.tiny, config.lora)
-        return ProcessRollouts(policy, engine, rewards, tokenizer, config.success_threshold, episodes,
+        return ProcessRollouts(policy, engine, scorer, tokenizer, config.success_threshold, episodes,
                                threads=a.threads, device=a.device, timeout_s=a.timeout_s)
-    worker = RolloutWorker(engine, rewards, tokenizer, config.success_threshold, config.generation.score_chunks,
+    worker = RolloutWorker(engine, scorer, tokenizer, config.success_threshold, config.generation.score_chunks,
                            episodes=episodes)
     return (ServerRollouts if kind == "servers" else InProcessRollouts)(worker, tokenizer)
 

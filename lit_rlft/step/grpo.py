@@ -98,7 +98,7 @@ class GRPOStep:
         self.seeds = StepSeeds(self.generation.seed)
         self.asynchronous = asynchronous or AsyncConfig()
         self.rollouts = ShardedRollouts(source, self.seeds, self.asynchronous.depth)
-        self.rewards = source.rewards  # through the setter: the step reports failures, not the scorer
+        self.scorer = source.scorer  # through the setter: the step reports failures, not the scorer
         self.validation = Validation(self.rollouts, self.seeds, self.generation)
         self.rollout_step = 0  # completed rollout steps (checkpointed)
         self.policy: nn.Module | None = None
@@ -152,15 +152,15 @@ class GRPOStep:
         self.rollouts.source.attach(policy)
 
     @property
-    def rewards(self) -> Scorer:
+    def scorer(self) -> Scorer:
         """The scorer (the source's): ``(completions [N], columns) -> RewardResult``."""
-        return self.rollouts.source.rewards
+        return self.rollouts.source.scorer
 
-    @rewards.setter
-    def rewards(self, scorer: Scorer) -> None:
+    @scorer.setter
+    def scorer(self, scorer: Scorer) -> None:
         source = self.rollouts.source
-        source.rewards = scorer  # a plain callable becomes a Scorer there
-        source.rewards.report = False  # the step prints every rank's failures itself (RewardFailureLog)
+        source.scorer = scorer  # a plain callable becomes a Scorer there
+        source.scorer.report = False  # the step prints every rank's failures itself (RewardFailureLog)
 
     @property
     def source(self) -> RolloutSource:

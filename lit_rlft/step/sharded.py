@@ -241,7 +241,7 @@ class ShardedRollouts:
             for k, v in episodes.items():
                 self.costs.episodes[k] = self.costs.episodes.get(k, 0.0) + v
         self.reward_failures.add([p[2] for p in parts])
-        self.reward_failures.warn(coll.rank == 0, self.source.rewards.fallback)
+        self.reward_failures.warn(coll.rank == 0, self.source.scorer.fallback)
         return record
 
     # -- metrics and state -----------------------------------------------------------------------------------

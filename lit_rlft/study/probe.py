@@ -106,7 +106,7 @@ def probe_rows(step: Any, data: Any, ids: np.ndarray, split: str, num_generation
     """Roll out ``ids`` of ``split`` (``"train"`` or ``"val"``) ``num_generations`` times each at the config's
     training sampling, on the step's seeds (re-seeded per batch); the groups as :class:`ProbeRow` and the generation
     seconds."""
-    funcs, names = getattr(step.rewards, "funcs", []), getattr(step.rewards, "names", [])
+    funcs, names = getattr(step.scorer, "funcs", []), getattr(step.scorer, "names", [])
     format_name = _format_index(names, funcs) if format_scorer is None else None
     columns = data.reward_columns(ids, split)
     tasks, difficulty = columns.get("task"), columns.get("difficulty")
@@ -202,7 +202,7 @@ def run_probe(settings: ProbeSettings, progress: bool = True, key: str | None = 
                 generation_s += seconds
         if bar is not None:
             bar.close()
-        has_format = settings.format_reward is not None or _format_index(step.rewards.names, step.rewards.funcs)
+        has_format = settings.format_reward is not None or _format_index(step.scorer.names, step.scorer.funcs)
     finally:
         step.close()
     summary = summarise_probe(rows)

@@ -168,7 +168,7 @@ def check(settings: StudySettings) -> Checked:
         if data.val_pool is None:
             raise StudyError(f"the run config ({', '.join(settings.configs)}) has no held-out data: the study measures "
                              "held-out accuracy on data.val (give data.val, e.g. a test.jsonl, and data.val_size)")
-        _check_rewards(module.grpo.rewards if not settings.eval_reward else _eval_scorer(settings), data)
+        _check_rewards(module.grpo.scorer if not settings.eval_reward else _eval_scorer(settings), data)
         step_completions = data.batch_size * module.grpo.generation.num_generations
         if settings.completions < step_completions:
             raise StudyError(f"--completions {settings.completions} is less than one step: data.batch_size "

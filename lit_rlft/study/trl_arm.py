@@ -179,7 +179,7 @@ def run(config_path: str) -> dict[str, Any]:
     policy, _ = build_policy(config.model, config.dtype, config.tiny, config.lora,
                              gradient_checkpointing=config.optim.gradient_checkpointing)
     args = GRPOConfig(**trl_config_kwargs(config, B, steps, seed, run_dir, cuda))
-    trainer = GRPOTrainer(model=policy, reward_funcs=_reward_funcs(step.rewards, names), args=args,
+    trainer = GRPOTrainer(model=policy, reward_funcs=_reward_funcs(step.scorer, names), args=args,
                           train_dataset=dataset, processing_class=tok)
     trainer.remove_callback(transformers.PrinterCallback)
     if trainer.accelerator.mixed_precision != "no":

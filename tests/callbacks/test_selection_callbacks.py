@@ -56,7 +56,7 @@ class StepSeededCoins:
 def _fit(tmp_path, callbacks, steps=5, num_workers=0, ckpt_path=None, extra=None):
     rec = Recorder()
     module = tiny_module(learning_rate=1e-3)
-    module.grpo.rewards = StepSeededCoins()
+    module.grpo.scorer = StepSeededCoins()
     trainer = tiny_trainer(tmp_path, max_steps=steps, callbacks=[*callbacks, rec, *(extra or [])],
                            enable_checkpointing=bool(extra))
     trainer.fit(module, datamodule=countdown_dm(size=48, batch_size=4, num_workers=num_workers), ckpt_path=ckpt_path)

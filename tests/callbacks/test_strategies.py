@@ -30,7 +30,7 @@ class CoinRewards:
 
 def _fit(tmp_path, callbacks, steps=4, p=0.5, **module_kw):
     module = tiny_module(learning_rate=1e-3, **module_kw)
-    module.grpo.rewards = CoinRewards(p)
+    module.grpo.scorer = CoinRewards(p)
     trainer = tiny_trainer(tmp_path, max_steps=steps, callbacks=callbacks)
     trainer.fit(module, datamodule=countdown_dm(size=48, batch_size=4))
     return module, trainer

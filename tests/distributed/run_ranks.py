@@ -81,10 +81,10 @@ class Probe(StepCallback):
         params = _full_params(step.policy)
         result = {"steps": self.steps, "params": digest(params), "rollout_step": step.rollout_step,
                   "budget": step.budget.state_dict(), "reward_totals": step.rollouts.reward_failures.totals,
-                  "sharded_rewards": [type(f).__name__ for f in getattr(step.rewards, "funcs", [])
+                  "sharded_rewards": [type(f).__name__ for f in getattr(step.scorer, "funcs", [])
                                       if getattr(f, "sharded", False)],
                   "reward_forwards": [getattr(f, "num_forwards", 0) + getattr(f, "num_padding_forwards", 0)
-                                      for f in getattr(step.rewards, "funcs", [])],
+                                      for f in getattr(step.scorer, "funcs", [])],
                   "last_eval": step.last_validation,
                   "grouped": sorted(set(step.updater._grouped.values()))}  # whether the passes shared prompts
         (self.out / f"rank{self.rank}.json").write_text(json.dumps(result))

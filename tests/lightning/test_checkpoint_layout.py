@@ -26,7 +26,7 @@ OLD_CHECKPOINT = REPO / "tests" / "lightning" / "data" / "trainer_f5133d6_beta0.
 def _module(**kw):
     L.seed_everything(0, verbose=False)
     module = tiny_module(learning_rate=1e-3, **kw)
-    module.grpo.rewards = StepSeededCoins()
+    module.grpo.scorer = StepSeededCoins()
     return module
 
 
@@ -47,7 +47,7 @@ def _trainer_fit(tmp_path, steps, ckpt_path=None, save_every=None, **kw):
 def _fabric_fit(tmp_path, steps, ckpt_path=None, save_every=None, **kw):
     L.seed_everything(0, verbose=False)
     step = build_step(tiny_config(learning_rate=1e-3, **kw), models=False)
-    step.rewards = StepSeededCoins()
+    step.scorer = StepSeededCoins()
     trained, callbacks = Trained(), _callbacks()
     loop = FabricLoop(L.Fabric(accelerator="cpu", devices=1), max_steps=steps, callbacks=[*callbacks, trained],
                       checkpoint_dir=str(tmp_path), checkpoint_every_n_steps=save_every, progress_bar=False)

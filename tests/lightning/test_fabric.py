@@ -17,7 +17,7 @@ from tests.conftest import countdown_dm, tiny_config, tiny_module, tiny_trainer
 
 def _step():
     step = build_step(tiny_config(learning_rate=1e-3), models=False)
-    step.rewards = StepSeededCoins()
+    step.scorer = StepSeededCoins()
     return step
 
 
@@ -34,7 +34,7 @@ def _params(policy):
 def test_fabric_loop_trains_like_the_trainer(tmp_path):
     L.seed_everything(0, verbose=False)
     module = tiny_module(learning_rate=1e-3)
-    module.grpo.rewards = StepSeededCoins()
+    module.grpo.scorer = StepSeededCoins()
     tiny_trainer(tmp_path / "t", max_steps=4, callbacks=[DPSCallback(), ReplayCallback(delta=0.5, capacity=8)]).fit(
         module, datamodule=countdown_dm(size=48, batch_size=4))
     loop = FabricLoop(_fabric(tmp_path / "f"), max_steps=4,

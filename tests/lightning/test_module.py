@@ -27,7 +27,7 @@ def _force_learning_signal(monkeypatch, module):
         total[0::2] = 1 - total[1::2]  # guarantee both outcomes in every pair
         return RewardResult(total=total, per_func={"fake": total}, num_errors=0, num_timeouts=0, num_unscored=0)
 
-    monkeypatch.setattr(module.grpo, "rewards", _Wrap(fake, module.grpo.rewards))
+    monkeypatch.setattr(module.grpo, "scorer", _Wrap(fake, module.grpo.scorer))
 
 
 class _Wrap:

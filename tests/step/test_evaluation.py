@@ -31,14 +31,14 @@ def _bound_step(**overrides):
 
 def test_an_evaluation_with_its_own_scorer_scores_with_it_and_restores_the_run():
     step, data = _bound_step()
-    seeds, scorer = step.rollouts.seeds, step.source.rewards
+    seeds, scorer = step.rollouts.seeds, step.source.scorer
     step.policy.train()
     own = step.evaluate(EvalSeeds(0))
     assert 0 < own["val/accuracy"] < 1  # the run's parity reward
     zero = step.evaluate(EvalSeeds(0), RewardRunner([ZERO]))
     assert zero["val/accuracy"] == 0 and zero["val/reward"] == 0  # the given scorer scored every completion
     assert step.evaluate(EvalSeeds(0)) == own  # and the run's came back
-    assert step.rollouts.seeds is seeds and step.source.rewards is scorer and step.policy.training
+    assert step.rollouts.seeds is seeds and step.source.scorer is scorer and step.policy.training
     assert step.evaluate(EvalSeeds(1)) != own  # the seeds are the evaluation's own
     state = torch.get_rng_state()
     step.evaluate(EvalSeeds(0))
@@ -48,11 +48,11 @@ def test_an_evaluation_with_its_own_scorer_scores_with_it_and_restores_the_run()
 
 def test_the_block_restores_the_run_when_the_measurement_fails():
     step, _ = _bound_step()
-    seeds, scorer = step.rollouts.seeds, step.source.rewards
+    seeds, scorer = step.rollouts.seeds, step.source.scorer
     with pytest.raises(RuntimeError, match="mid-measurement"), step.evaluating(EvalSeeds(0), RewardRunner([ZERO])):
-        assert step.source.rewards is not scorer and not step.policy.training
+        assert step.source.scorer is not scorer and not step.policy.training
         raise RuntimeError("mid-measurement")
-    assert step.rollouts.seeds is seeds and step.source.rewards is scorer and step.policy.training
+    assert step.rollouts.seeds is seeds and step.source.scorer is scorer and step.policy.training
     step.close()
 
 

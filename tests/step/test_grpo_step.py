@@ -84,7 +84,7 @@ def test_the_plain_loop_of_the_design_notes_trains_what_the_trainer_trains_and_s
 
 def _step(**kw):
     step = build_step(tiny_config(learning_rate=1e-3, **kw), models=False)
-    step.rewards = CoinRewards(0.5)
+    step.scorer = CoinRewards(0.5)
     return step
 
 
@@ -94,7 +94,7 @@ def test_the_engine_is_set_up_once_and_pushed_only_when_its_weights_are_stale(tm
     # Trainer: one set-up; one push per rollout step (validation during fit and after it pushes nothing more).
     CountingEngine.setups = CountingEngine.syncs = 0
     module = tiny_module(learning_rate=1e-3, engine=CountingEngine())
-    module.grpo.rewards = CoinRewards(0.5)
+    module.grpo.scorer = CoinRewards(0.5)
     trainer = tiny_trainer(tmp_path / "t", max_steps=4, val_check_interval=2, check_val_every_n_epoch=None,
                            enable_checkpointing=True, limit_val_batches=1,
                            callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)])
@@ -106,7 +106,7 @@ def test_the_engine_is_set_up_once_and_pushed_only_when_its_weights_are_stale(tm
     # A Trainer resume: the restored weights are pushed once, then one push per step.
     CountingEngine.setups = CountingEngine.syncs = 0
     module = tiny_module(learning_rate=1e-3, engine=CountingEngine())
-    module.grpo.rewards = CoinRewards(0.5)
+    module.grpo.scorer = CoinRewards(0.5)
     tiny_trainer(tmp_path / "r", max_steps=4).fit(module, datamodule=countdown_dm(size=48, batch_size=4),
                                                   ckpt_path=str(tmp_path / "ckpt" / "epoch=0-step=2.ckpt"))
     assert (CountingEngine.setups, CountingEngine.syncs) == (1, 1 + 2)
@@ -183,9 +183,9 @@ def test_a_scorer_set_on_the_step_leaves_failure_reports_to_the_step():
     from lit_rlft.rewards import RewardRunner, countdown_reward
 
     step = build_step(tiny_config(), models=False)
-    assert step.rewards.report is False  # the one the builder made
+    assert step.scorer.report is False  # the one the builder made
     runner = RewardRunner([countdown_reward])
     assert runner.report is True
-    step.rewards = runner
-    assert runner.report is False and step.rewards is runner
+    step.scorer = runner
+    assert runner.report is False and step.scorer is runner
     runner.close()

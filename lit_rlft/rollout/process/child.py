@@ -48,7 +48,7 @@ def main(fd: int, parent: int) -> None:
             continue
         kind = message[0]
         if kind == "stop":
-            worker.rewards.close()
+            worker.scorer.close()
             if worker.episodes is not None:
                 worker.episodes.close()
             return
@@ -88,6 +88,6 @@ def _build(spec: ProcessSpec) -> tuple[Any, nn.Module]:
         engine = copy.copy(engine)
         engine.return_logprobs = True  # mu: what this copy of the weights sampled from
     engine.setup(policy, spec.tokenizer, sharded=False)
-    return RolloutWorker(engine, spec.rewards, spec.tokenizer, spec.success_threshold, episodes=spec.episodes), policy
+    return RolloutWorker(engine, spec.scorer, spec.tokenizer, spec.success_threshold, episodes=spec.episodes), policy
 
 

@@ -23,7 +23,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from lit_rlft.rollout.process.wire import FAILED, LOADED, POLL_S, REAP_S, ProcessSpec, Reply, recv, send, shared_tensor
+from lit_rlft.rollout.process.wire import (
+    FAILED,
+    LOADED,
+    POLL_S,
+    REAP_S,
+    STOPPING_S,
+    ProcessSpec,
+    Reply,
+    recv,
+    send,
+    shared_tensor,
+)
 from lit_rlft.rollout.source import RolloutReply, RolloutRequest
 from lit_rlft.runtime.processes import kill_group, set_parent_death_signal, watch_group
 
@@ -201,9 +212,10 @@ class GenerationProcess:
     def died(self, doing: str) -> GenerationError:
         """The error for a process that ended (or said it cannot go on) while the trainer was ``doing``."""
         self._read(0.0)  # what it said before it ended
-        if self._last_words is not None and self.alive:  # it reported a failure and is stopping: let it end
+        if self._last_words is not None and self.alive:  # it reported a failure and is stopping: let it end (an
+            # interpreter's exit takes seconds on a loaded machine; it is not hanging)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=REAP_S)
+                self.process.wait(timeout=STOPPING_S)
         if self.alive:
             self._kill()
             how = "stopped answering (it was killed)"

@@ -29,7 +29,7 @@ class ProcessRollouts:
         policy: builds the process's copy of the policy (a picklable function without arguments: the same model,
             dtype, size and LoRA as the trainer's; no reference, no optimizer).
         engine: the rollout engine's settings (not set up; an HF engine returns its sampling log-probs).
-        rewards: the scorer (pickled to the process; it scores there).
+        scorer: the scorer (pickled to the process; it scores there).
         tokenizer: the policy's tokenizer.
         success_threshold: a completion is correct when its total reward is at least this.
         episodes: multi-turn episodes (pickled: the process runs its own environment workers); None: single turn.
@@ -38,11 +38,11 @@ class ProcessRollouts:
         timeout_s: longest a call waits for the process (``model.asynchronous.timeout_s``).
     """
 
-    def __init__(self, policy: Callable[[], nn.Module], engine: RolloutEngine, rewards: Scorer, tokenizer: Any,
+    def __init__(self, policy: Callable[[], nn.Module], engine: RolloutEngine, scorer: Scorer, tokenizer: Any,
                  success_threshold: float = 1.0, episodes: EpisodeRunner | None = None, *, threads: int | None = None,
                  device: str | None = None, timeout_s: float = 600.0):
         self.policy_factory, self.engine, self.tokenizer = policy, engine, tokenizer
-        self.rewards = rewards
+        self.scorer = scorer
         self.success_threshold, self.episodes = success_threshold, episodes
         self.threads, self.device, self.timeout_s = threads or default_threads(), device or "cpu", timeout_s
         self.process: GenerationProcess | None = None
@@ -50,12 +50,12 @@ class ProcessRollouts:
         self._tickets: deque[tuple[int, str]] = deque()  # (ticket, what receiving it is) of the batches submitted
 
     @property
-    def rewards(self) -> Scorer:
-        return self._rewards
+    def scorer(self) -> Scorer:
+        return self._scorer
 
-    @rewards.setter
-    def rewards(self, scorer: Scorer) -> None:
-        self._rewards = as_scorer(scorer)
+    @scorer.setter
+    def scorer(self, scorer: Scorer) -> None:
+        self._scorer = as_scorer(scorer)
 
     def scored_by(self, scorer: Scorer) -> contextlib.AbstractContextManager[None]:
         """Refused: this source scores in its generation process, with the scorer it was started with."""
@@ -84,7 +84,7 @@ class ProcessRollouts:
             return self.process
         if self._policy is None:
             raise RuntimeError("ProcessRollouts: no policy to copy (attach it first)")
-        spec = ProcessSpec(self.policy_factory, self.engine, self.rewards, self.tokenizer, self.success_threshold,
+        spec = ProcessSpec(self.policy_factory, self.engine, self.scorer, self.tokenizer, self.success_threshold,
                      self.episodes, self.threads, self.device)
         self.process = GenerationProcess(spec, timeout_s=self.timeout_s)
         self.process.sync_weights(self._policy, version, full=True)
@@ -134,7 +134,7 @@ class ProcessRollouts:
             self.process.close()
         self.process = None
         self._tickets.clear()
-        close_scoring(self.rewards, self.episodes)
+        close_scoring(self.scorer, self.episodes)
 
 
 def _what(request: RolloutRequest) -> str:

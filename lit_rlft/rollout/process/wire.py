@@ -18,10 +18,11 @@ from lit_rlft.rollout.engines.base import RolloutEngine
 from lit_rlft.rollout.episodes import EpisodeRunner
 from lit_rlft.rollout.source import RolloutReply
 
-__all__ = ["FAILED", "LOADED", "POLL_S", "REAP_S", "ProcessSpec", "Reply", "recv", "send", "shared_tensor"]
+__all__ = ["FAILED", "LOADED", "POLL_S", "REAP_S", "STOPPING_S", "ProcessSpec", "Reply", "recv", "send", "shared_tensor"]
 
 POLL_S = 0.2  # how often a waiting side checks that the other is alive
 REAP_S = 2.0  # how long a broken pipe waits for the process's exit status
+STOPPING_S = 15.0  # how long a process that reported its failure is given to exit
 LOADED = -2  # the ticket of a reply that acknowledges a weight push
 FAILED = -1  # the ticket of an error outside a request (starting, loading weights)
 
@@ -40,7 +41,7 @@ class ProcessSpec:
 
     policy: Callable[[], nn.Module]
     engine: RolloutEngine  # not set up
-    rewards: Scorer
+    scorer: Scorer
     tokenizer: Any
     success_threshold: float
     episodes: EpisodeRunner | None

@@ -184,7 +184,7 @@ def _fit(tmp_path, steps, ckpt_path=None, checkpoint=False):
 
     rec = _Completions()
     module = tiny_module(engine=_engine(), learning_rate=1e-2)
-    module.grpo.rewards = StepSeededCoins()
+    module.grpo.scorer = StepSeededCoins()
     extra = [ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)] if checkpoint else []
     trainer = tiny_trainer(tmp_path, max_steps=steps, callbacks=[rec.callback, *extra],
                            enable_checkpointing=checkpoint, logger=False)
