@@ -74,8 +74,8 @@ class UniformHandbackCallback(StepCallback):
         plan = ctx.data.plan
         share = handback_share(self.passes, self.start_passes, self.end_passes)
         if plan.scheduled is not None and share > 0:
-            source = plan.scheduled_by or "scheduled"
-            plan.schedule(hand_back(plan.scheduled, share, self.rng, plan.draw_unused), source=f"{source}+{self.name}")
+            by = plan.scheduled_by or "scheduled"
+            plan.schedule(hand_back(plan.scheduled, share, self.rng, plan.draw_unused), by=f"{by}+{self.name}")
 
     def state_dict(self) -> dict[str, Any]:
         return encode_state({"version": 1, "draws": self.draws, "rng": self.rng.bit_generator.state})

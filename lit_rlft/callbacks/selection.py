@@ -102,7 +102,7 @@ class SelectionCallback(StepCallback):
         in_flight = ctx.in_flight  # asynchronous rollouts: never drawn again before their outcome is observed
         extra = {"exclude": in_flight} if in_flight.size else {}
         ids = self.strategy.select(plan.batch_size, step, self.rng, **extra)
-        plan.schedule(ids, source=self.name)
+        plan.schedule(ids, by=self.name)
         self._last_selected = ids
 
     # -- checkpointing ------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lit_rlft.data.sources import DataValidationError
+from lit_rlft.data.loading import DataValidationError
 from lit_rlft.models.embeddings import cached_embeddings
 from lit_rlft.selection.dots import AttentionDifficultyPredictor, evaluate_predictor, fit_adapters, save_predictor
 

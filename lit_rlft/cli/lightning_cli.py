@@ -22,7 +22,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lit_rlft.cli.errors import condense_parser_error, describe_constructor_error
 from lit_rlft.core.finite import nonfinite_paths
 from lit_rlft.data.datamodule import PromptDataModule
-from lit_rlft.data.sources import DataValidationError
+from lit_rlft.data.loading import DataValidationError
 from lit_rlft.lightning.checkpointing import (
     CheckpointError,
     check_checkpoint,

@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from lit_rlft.data.gsm8k import GSM8KTask
+from lit_rlft.data.loading import DataValidationError, Record, load_records
 from lit_rlft.data.plan import BatchPlan
 from lit_rlft.data.pool import PromptPool, build_pool
 from lit_rlft.data.reasoning_gym import GymSpec, ReasoningGymTask
-from lit_rlft.data.sources import DataValidationError, Record, load_records
 from lit_rlft.data.tasks import ArithmeticTask, CountdownTask, Task, write_jsonl
 from lit_rlft.data.templates import BOXED_SYSTEM_PROMPT, render_prompt
 

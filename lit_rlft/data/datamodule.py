@@ -21,9 +21,9 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from lit_rlft.core.state import decode_state, encode_state
+from lit_rlft.data.loading import DataValidationError, load_records
 from lit_rlft.data.plan import BatchPlan
 from lit_rlft.data.pool import PromptPool, build_pool
-from lit_rlft.data.sources import DataValidationError, load_records
 from lit_rlft.data.tasks import Task
 from lit_rlft.data.templates import render_prompt
 
@@ -207,7 +207,7 @@ class PromptDataModule(L.LightningDataModule):
         """Tokenise every prompt of the built pools once (in batches, filling the token cache), before training.
 
         Nothing happens until both a pool and the tokenizer are there (``setup`` and :meth:`set_tokenizer` both call
-        this). Raises :class:`~lit_rlft.data.sources.DataValidationError` naming ``data.max_prompt_length``, how many
+        this). Raises :class:`~lit_rlft.data.loading.DataValidationError` naming ``data.max_prompt_length``, how many
         prompts exceed it and the first one's origin.
         """
         if self.tokenizer is None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import random
 import re
 
-from lit_rlft.data.sources import DataValidationError, Record, load_records
+from lit_rlft.data.loading import DataValidationError, Record, load_records
 from lit_rlft.data.tasks import Task
 
 __all__ = ["GSM8KTask", "calculation_steps", "plain_solution"]

@@ -35,19 +35,19 @@ class BatchPlan:
         self.uniform = UniformSampler(num_prompts, seed=seed)
         self._scheduled: np.ndarray | None = None
         self._scheduled_by: str | None = None
-        self.last_source = "uniform"
+        self.last_scheduled_by = "uniform"
         self.in_flight: set[int] = set()  # asynchronous rollouts: dispatched, outcome not yet observed (not drawn)
 
-    def schedule(self, prompt_ids: np.ndarray | list[int], source: str) -> None:
+    def schedule(self, prompt_ids: np.ndarray | list[int], by: str) -> None:
         """Make ``prompt_ids`` ``[b]`` the next step's prompts (replaces anything scheduled before)."""
         ids = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
         if ids.size == 0:
-            raise ValueError(f"{source}: scheduled an empty batch")
+            raise ValueError(f"{by}: scheduled an empty batch")
         if ids.min() < 0 or ids.max() >= self.num_prompts:
-            raise ValueError(f"{source}: prompt id out of range [0, {self.num_prompts})")
+            raise ValueError(f"{by}: prompt id out of range [0, {self.num_prompts})")
         if np.unique(ids).size != ids.size:
-            raise ValueError(f"{source}: scheduled duplicate prompt ids")
-        self._scheduled, self._scheduled_by = ids, source
+            raise ValueError(f"{by}: scheduled duplicate prompt ids")
+        self._scheduled, self._scheduled_by = ids, by
 
     @property
     def scheduled(self) -> np.ndarray | None:
@@ -56,16 +56,16 @@ class BatchPlan:
 
     @property
     def scheduled_by(self) -> str | None:
-        """The ``source`` that scheduled :attr:`scheduled` (None when nothing is scheduled)."""
+        """Who (``by``) scheduled :attr:`scheduled` (None when nothing is scheduled)."""
         return self._scheduled_by
 
     def next_batch(self) -> np.ndarray:
         """Ids ``[b]`` for the step that is starting: the scheduled ones, else a uniform batch."""
         if self._scheduled is not None:
-            ids, self.last_source = self._scheduled, self._scheduled_by or "scheduled"
+            ids, self.last_scheduled_by = self._scheduled, self._scheduled_by or "scheduled"
             self._scheduled = self._scheduled_by = None
             return ids
-        self.last_source = "uniform"
+        self.last_scheduled_by = "uniform"
         if not self.in_flight:
             return self.uniform.select(self.batch_size, step=0)
         ids = self.draw_unused(self.batch_size, set())  # skips what is in flight

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from lit_rlft.data.sources import DataValidationError, Record
+from lit_rlft.data.loading import DataValidationError, Record
 
 __all__ = ["PromptPool", "build_pool", "RESERVED_COLUMNS", "MAX_REPORTED_PROBLEMS"]
 
@@ -158,7 +158,7 @@ def build_pool(
     """Validate records and build a :class:`PromptPool`.
 
     Args:
-        records: Rows from :func:`~lit_rlft.data.sources.load_records` or a task's ``records()``.
+        records: Rows from :func:`~lit_rlft.data.loading.load_records` or a task's ``records()``.
         prompt_field: Field holding the prompt text (ignored when ``template`` is given).
         answer_field: Field renamed to the column ``answer``; ``None`` for no answer column. When it is not
             ``"answer"`` and the records also have an ``answer`` field, the renamed field wins and the original

@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lit_rlft.data.sources import Record
+from lit_rlft.data.loading import Record
 from lit_rlft.data.tasks import SampledTask, Split
 from lit_rlft.rewards.answer_format import AnswerFormat, check_answer_format, write_answer
 from lit_rlft.rewards.reasoning_gym import GYM_EXTRA

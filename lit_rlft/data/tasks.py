@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from lit_rlft.data.sources import Record
+from lit_rlft.data.loading import Record
 
 __all__ = [
     "ArithmeticTask",

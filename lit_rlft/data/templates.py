@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from lit_rlft.data.sources import DataValidationError
+from lit_rlft.data.loading import DataValidationError
 
 __all__ = ["BOXED_SYSTEM_PROMPT", "TOOLS_SYSTEM_PROMPT", "render_prompt", "render_prompts", "tools_system_prompt"]
 

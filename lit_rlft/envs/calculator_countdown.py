@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import random
 
-from lit_rlft.data.sources import Record
+from lit_rlft.data.loading import Record
 from lit_rlft.data.tasks import CountdownTask, Task, random_countdown_expression
 
 __all__ = ["CalculatorCountdownDemonstrations", "tool_call_text"]

@@ -15,7 +15,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from lit_rlft.data.sources import Record
+from lit_rlft.data.loading import Record
 from lit_rlft.data.tasks import SampledTask, Split, Task
 from lit_rlft.envs.base import Environment, EnvStep, Message
 

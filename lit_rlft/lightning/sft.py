@@ -15,8 +15,8 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from lit_rlft.data.loading import load_records
 from lit_rlft.data.pool import build_pool
-from lit_rlft.data.sources import load_records
 from lit_rlft.data.tasks import Task
 from lit_rlft.data.templates import render_prompt
 from lit_rlft.lightning.progress import rollout_progress_bar

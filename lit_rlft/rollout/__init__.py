@@ -17,10 +17,10 @@ from lit_rlft.rollout.in_process import InProcessRollouts
 from lit_rlft.rollout.judge import EngineJudge
 from lit_rlft.rollout.process import GenerationError, ProcessRollouts
 from lit_rlft.rollout.servers import ServerEngine, ServerError, ServerRollouts, VLLMServer, WeightSync, WeightSyncError
-from lit_rlft.rollout.source import PromptSource, RolloutReply, RolloutRequest, RolloutSource
+from lit_rlft.rollout.source import PromptReader, RolloutReply, RolloutRequest, RolloutSource
 from lit_rlft.rollout.worker import RolloutWorker
 
 __all__ = ["EngineJudge", "GenerationError", "GenerationOutput", "HFEngine", "InProcessRollouts", "ProcessRollouts",
-           "PromptSource", "RolloutEngine", "RolloutReply", "RolloutRequest", "RolloutSource", "RolloutWorker",
+           "PromptReader", "RolloutEngine", "RolloutReply", "RolloutRequest", "RolloutSource", "RolloutWorker",
            "SamplingConfig", "ServerEngine", "ServerError", "ServerRollouts", "VLLMEngine", "VLLMServer", "WeightSync",
            "WeightSyncError"]

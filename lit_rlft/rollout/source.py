@@ -46,10 +46,10 @@ if TYPE_CHECKING:
     from lit_rlft.rollout.engines.base import SamplingConfig
     from lit_rlft.runtime.distributed import Ranks
 
-__all__ = ["PromptSource", "RolloutReply", "RolloutRequest", "RolloutSource"]
+__all__ = ["PromptReader", "RolloutReply", "RolloutRequest", "RolloutSource"]
 
 
-class PromptSource(Protocol):
+class PromptReader(Protocol):
     """What prompts are rendered from (``PromptDataModule`` is one): pool ids to token ids, texts and the reward
     columns (the data set's other fields), per split."""
 
@@ -80,7 +80,7 @@ class RolloutRequest:
     purpose: str = "train"  # what the trainer asks it for (named in a failure): train, reference, eval, ...
 
     @classmethod
-    def render(cls, data: PromptSource, prompt_ids: np.ndarray, num_generations: int, sampling: SamplingConfig,
+    def render(cls, data: PromptReader, prompt_ids: np.ndarray, num_generations: int, sampling: SamplingConfig,
                split: str = "train", seed: int | None = None, version: int = 0,
                purpose: str = "train") -> RolloutRequest:
         """The request for the pool ids ``prompt_ids`` ``[b]`` of ``split``, rendered from ``data``."""

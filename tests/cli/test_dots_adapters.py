@@ -10,7 +10,7 @@ import pytest
 from lit_rlft.callbacks import DOTSCallback, SuccessRateRecorder
 from lit_rlft.cli import main
 from lit_rlft.cli.dots_adapters import main as dots_adapters_main
-from lit_rlft.data.sources import DataValidationError
+from lit_rlft.data.loading import DataValidationError
 from lit_rlft.data.tasks import CountdownTask
 from lit_rlft.models.tiny import TinyConfig, save_tiny_policy
 from lit_rlft.selection.dots import load_predictor

@@ -28,16 +28,16 @@ def test_malformed_row_fails_before_training_with_file_line_and_field(tmp_path):
 
 def test_plan_serves_scheduled_ids_once_then_uniform():
     plan = BatchPlan(num_prompts=10, batch_size=3, seed=0)
-    plan.schedule([7, 2], source="test")
-    assert plan.next_batch().tolist() == [7, 2] and plan.last_source == "test"
+    plan.schedule([7, 2], by="test")
+    assert plan.next_batch().tolist() == [7, 2] and plan.last_scheduled_by == "test"
     ids = plan.next_batch()
-    assert len(ids) == 3 and plan.last_source == "uniform"
+    assert len(ids) == 3 and plan.last_scheduled_by == "uniform"
 
 
 @pytest.mark.parametrize("ids, match", [([], "empty"), ([3, 3], "duplicate"), ([10], "out of range")])
 def test_plan_rejects_bad_schedules(ids, match):
     with pytest.raises(ValueError, match=match):
-        BatchPlan(num_prompts=10, batch_size=3).schedule(ids, source="cb")
+        BatchPlan(num_prompts=10, batch_size=3).schedule(ids, by="cb")
 
 
 def test_datamodule_state_survives_a_weights_only_checkpoint():
@@ -46,7 +46,7 @@ def test_datamodule_state_survives_a_weights_only_checkpoint():
     dm = PromptDataModule(train=CountdownTask(size=20), answer_field=None, batch_size=4)
     dm.setup("fit")
     dm.plan.next_batch()
-    dm.plan.schedule([1, 2, 3], source="cb")
+    dm.plan.schedule([1, 2, 3], by="cb")
     buf = io.BytesIO()
     torch.save(dm.state_dict(), buf)
     buf.seek(0)

@@ -9,7 +9,7 @@ import pytest
 
 from lit_rlft.data import GSM8KTask, PromptDataModule
 from lit_rlft.data.gsm8k import calculation_steps
-from lit_rlft.data.sources import DataValidationError
+from lit_rlft.data.loading import DataValidationError
 from tests.conftest import SHARED_DATA
 
 GSM8K = SHARED_DATA / "gsm8k"

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from lit_rlft.data.loading import DataValidationError, Record, load_records
 from lit_rlft.data.pool import PromptPool, build_pool
-from lit_rlft.data.sources import DataValidationError, Record, load_records
 
 SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 

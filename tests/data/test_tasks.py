@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from lit_rlft.data.loading import load_records
 from lit_rlft.data.pool import build_pool
-from lit_rlft.data.sources import load_records
 from lit_rlft.data.tasks import (
     ArithmeticTask,
     CountdownTask,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from lit_rlft.data.sources import DataValidationError
+from lit_rlft.data.loading import DataValidationError
 from lit_rlft.data.templates import BOXED_SYSTEM_PROMPT, render_prompt, render_prompts
 
 

@@ -127,7 +127,7 @@ class PlanDrift(StepCallback):
     def after_step(self, ctx, output):
         if output.step == 0 and ctx.collective.rank == 1:
             plan = ctx.data.plan
-            plan.schedule(list(range(plan.batch_size, 2 * plan.batch_size)), source="drift")
+            plan.schedule(list(range(plan.batch_size, 2 * plan.batch_size)), by="drift")
 
 
 SELECTION = {"DPSCallback", "DOTSCallback", "ReplayCallback", "DynamicSamplingCallback", "HistoryResamplingCallback",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lit_rlft.data.sources import DataValidationError, Record, load_records
+from lit_rlft.data.loading import DataValidationError, Record, load_records
 
 SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 
