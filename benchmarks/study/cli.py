@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from benchmarks.study.config import SKEWED_POOL, StudyConfig
-from benchmarks.study.report import degeneracy_lines
+from benchmarks.study.tables import degeneracy_lines
 from lit_rlft.records.jsonio import write_result
 from lit_rlft.study.cli import key_value
 

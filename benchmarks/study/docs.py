@@ -5,7 +5,7 @@
 
 ``docs/results.md`` is written by hand except between ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->``:
 those blocks are built here from ``docs/results/study.json`` (its recorded configuration, runs and the callbacks
-every run recorded) with the study's own code (:mod:`lit_rlft.study.summary`, :mod:`benchmarks.study.report`).
+every run recorded) with the study's own code (:mod:`lit_rlft.study.summary`, :mod:`benchmarks.study.tables`).
 ``docs/results/study_tables.md`` is the whole report (``results.md``) rebuilt the same way. The README and
 ``benchmarks/README.md`` hold blocks of their own (:func:`extra_blocks`): the time-to-TRL tables, from
 ``benchmarks/results/time_to_trl_*.json``, and the saving against passes, from ``docs/results/passes/``.
@@ -28,7 +28,7 @@ from typing import Any
 from benchmarks.study.config import StudyConfig
 from benchmarks.study.passes import block as passes_block, policy_lines
 from benchmarks.study.recorded import STUDY_JSON, load_study
-from benchmarks.study.report import baseline_final_lines, results_markdown, settings_lines
+from benchmarks.study.tables import baseline_final_lines, results_markdown, settings_lines
 from benchmarks.study.trl_tables import result_table
 from lit_rlft.records.jsonio import read_json
 from lit_rlft.study.report import at_marks_rows, table

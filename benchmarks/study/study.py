@@ -16,7 +16,7 @@ from typing import Any
 
 from benchmarks.study.config import COMPARISONS, FINAL_BASELINES, TARGETS, RunSpec, StudyConfig
 from benchmarks.study.degeneracy import measure_degeneracy
-from benchmarks.study.report import results_markdown
+from benchmarks.study.tables import results_markdown
 from benchmarks.study.warm_start import resolve_warm_start
 from lit_rlft.records.jsonio import read_json, write_json, write_result
 from lit_rlft.study import run_study

@@ -26,7 +26,7 @@ from torchmetrics import MeanMetric
 from lit_rlft.core.advantages import effective_ratio, keep_mask, masked_std
 from lit_rlft.core.types import OutcomeRecord, Rollouts
 from lit_rlft.runtime.distributed import Collective
-from lit_rlft.step.rewards_report import episode_metrics
+from lit_rlft.step.reward_failures import episode_metrics
 
 if TYPE_CHECKING:
     from lit_rlft.step.sharded import ShardedRollouts

@@ -47,7 +47,7 @@ from lit_rlft.rollout.source import RolloutReply, RolloutRequest, RolloutSource
 from lit_rlft.rollout.worker import RolloutWorker
 from lit_rlft.runtime.distributed import Collective, LocalCollective, padded_shard, shard_slice
 from lit_rlft.step.budget import RolloutBudget
-from lit_rlft.step.rewards_report import RewardFailureLog, episode_sums, failure_counts
+from lit_rlft.step.reward_failures import RewardFailureLog, episode_sums, failure_counts
 from lit_rlft.step.seeding import StepSeeds
 
 if TYPE_CHECKING:

@@ -189,7 +189,7 @@ def test_skewed_flag_sets_the_pool_under_explicit_options():
 
 
 def test_degeneracy_report_states_the_target_and_composition():
-    from benchmarks.study.report import degeneracy_lines
+    from benchmarks.study.tables import degeneracy_lines
 
     fractions = {"n": 10, "all_correct": 0.2, "all_wrong": 0.6, "mixed": 0.2, "degenerate": 0.8, "mean_success": 0.3}
     d = {"sampled": 10, "G": 8, "overall": fractions, "by_difficulty": {"5": fractions}, "target": 0.7,

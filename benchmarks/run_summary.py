@@ -1,6 +1,6 @@
 """Summarise one training run from its TensorBoard events: a PNG of rewards per step and the timing medians.
 
-    python benchmarks/report_run.py runs/gsm8k_smollm2_lora/tb --out docs/smollm2_gsm8k.png \\
+    python benchmarks/run_summary.py runs/gsm8k_smollm2_lora/tb --out docs/smollm2_gsm8k.png \\
         --tags reward rewards/gsm8k_reward/mean rewards/gsm8k_format_reward/mean
 
 Prints the median step time, generation time and generation share (first step left out: it includes start-up
