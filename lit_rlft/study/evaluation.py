@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
+from lit_rlft.rewards.runner import RewardRunner
 from lit_rlft.step.context import StepContext
 from lit_rlft.step.seeding import StepSeeds
 
@@ -142,8 +143,6 @@ class HeldOutEvaluator:
     def scorer(self) -> Any:
         """The evaluation's own reward runner (None: the run's), made once."""
         if self.settings.reward_funcs and self._scorer is None:
-            from lit_rlft.rewards.runner import RewardRunner
-
             self._scorer = RewardRunner(list(self.settings.reward_funcs))
         return self._scorer
 

@@ -21,6 +21,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from lit_rlft.cli.lightning_cli import grpo_cli
+from lit_rlft.lightning.fabric import FabricLoop
+from lit_rlft.study.callback import StudyCallback
+
 __all__ = ["FabricArmError", "main", "run"]
 
 
@@ -39,9 +43,6 @@ def run(config_path: str, ckpt_path: str | None = None) -> None:
     import lightning as L
     from lightning.pytorch.cli import SaveConfigCallback
 
-    from lit_rlft.cli.lightning_cli import grpo_cli
-    from lit_rlft.lightning.fabric import FabricLoop
-    from lit_rlft.study.callback import StudyCallback
 
     cli = grpo_cli(["--config", str(config_path)], run=False)
     module, data, trainer = cli.model, cli.datamodule, cli.trainer

@@ -19,6 +19,7 @@ Sampling is seeded (``--seed``): the same config and seed give the same figures.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Sequence
@@ -28,8 +29,13 @@ from typing import Any
 
 import numpy as np
 
+from lit_rlft.records.environment import environment
 from lit_rlft.records.jsonio import write_result
+from lit_rlft.rewards.runner import RewardRunner
+from lit_rlft.step.builder import build_models
+from lit_rlft.step.seeding import StepSeeds
 from lit_rlft.study.compose import build_cli, load_config
+from lit_rlft.study.plots import plot_probe
 from lit_rlft.study.probe_stats import ProbeRow, summarise_probe, verdict
 
 __all__ = ["ProbeError", "ProbeSettings", "probe_markdown", "probe_rows", "run_probe"]
@@ -143,7 +149,6 @@ def probe_rows(step: Any, data: Any, ids: np.ndarray, split: str, num_generation
 def _format_scorer(path: str | None) -> Any:
     if path is None:
         return None
-    from lit_rlft.rewards.runner import RewardRunner
 
     try:
         runner = RewardRunner([path], timeout_s=None)
@@ -159,8 +164,6 @@ def _format_scorer(path: str | None) -> Any:
 def run_probe(settings: ProbeSettings, progress: bool = True, key: str | None = None) -> dict[str, Any]:
     """Roll out the probe's prompts (see the module docstring); writes and returns ``probe.json``'s content (``key``:
     recorded with it, a cache key of the caller's)."""
-    from lit_rlft.step.builder import build_models
-    from lit_rlft.step.seeding import StepSeeds
 
     t0 = time.perf_counter()
     try:
@@ -207,7 +210,6 @@ def run_probe(settings: ProbeSettings, progress: bool = True, key: str | None = 
         step.close()
     summary = summarise_probe(rows)
     completions = sum(len(r.correct) for r in rows)
-    from lit_rlft.records.environment import environment
 
     result = {
         "settings": {**dataclasses.asdict(settings)}, "key": key, "base_config": base, "summary": summary,
@@ -221,12 +223,8 @@ def run_probe(settings: ProbeSettings, progress: bool = True, key: str | None = 
     out.mkdir(parents=True, exist_ok=True)
     write_result(out / "probe.json", result)
     (out / "probe.md").write_text(probe_markdown(result), encoding="utf-8")
-    try:
-        from lit_rlft.study.plots import plot_probe
-
+    with contextlib.suppress(ImportError):  # matplotlib is optional: the JSON and the markdown say everything
         plot_probe(result, out / "probe.png")
-    except ImportError:  # matplotlib is optional: the JSON and the markdown say everything
-        pass
     return result
 
 

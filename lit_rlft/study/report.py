@@ -10,7 +10,11 @@ import inspect
 from pathlib import Path
 from typing import Any
 
+import lit_rlft.callbacks as callbacks
+from lit_rlft.study.plots import plot_curves
+from lit_rlft.study.settings import StudySettings
 from lit_rlft.study.stats import median
+from lit_rlft.study.strategies import jsonable, settings_match
 
 __all__ = ["DASH", "at_marks_rows", "fmt_mean", "fmt_ratio", "recorded_settings", "settings_rows", "study_markdown",
            "table", "verdicts", "write_outputs"]
@@ -87,8 +91,6 @@ def fmt_value(value: Any) -> str:
 def callback_defaults(names: set[str]) -> dict[str, dict[str, Any]]:
     """``{class name: {argument: default}}`` of lit_rlft's callbacks named ``names``, from their signatures (JSON-ready;
     names lit_rlft does not export are left out)."""
-    import lit_rlft.callbacks as callbacks
-    from lit_rlft.study.strategies import jsonable
 
     out = {}
     for name in names:
@@ -102,7 +104,6 @@ def callback_defaults(names: set[str]) -> dict[str, dict[str, Any]]:
 def recorded_settings(runs: list[dict[str, Any]], strategy: str) -> list[dict[str, Any]] | None:
     """The callbacks ``strategy``'s runs recorded (``seed`` replaced by :data:`RUN_SEED` after checking it is the
     run's); ``None`` when no run recorded them; raises when its runs disagree."""
-    from lit_rlft.study.strategies import settings_match
 
     found = []
     for r in runs:
@@ -301,7 +302,6 @@ def _figures_lines(figures: list[str]) -> list[str]:
 
 def study_markdown(study: dict[str, Any], figures: list[str] | None = None) -> str:
     """``report.md`` of a study (``study.json``'s content)."""
-    from lit_rlft.study.settings import StudySettings
 
     settings = StudySettings.from_dict(study["settings"])
     summary = study["summary"]
@@ -383,14 +383,12 @@ def study_markdown(study: dict[str, Any], figures: list[str] | None = None) -> s
 
 def write_outputs(study: dict[str, Any], out: Path) -> list[str]:
     """``report.md`` and the figures (when matplotlib is there) of ``study`` under ``out``; returns the figures."""
-    from lit_rlft.study.settings import StudySettings
 
     settings = StudySettings.from_dict(study["settings"])
     summary = study["summary"]
     runs = [r for r in study["runs"] if r.get("status") == "ok" and r.get("curve")]
     figures: list[str] = []
     try:
-        from lit_rlft.study.plots import plot_curves
 
         panels = [(settings.metric, f"held-out accuracy ({settings.metric})", "accuracy")]
         if settings.train_subset:

@@ -27,8 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lit_rlft.records import read_scalars
 from lit_rlft.records.environment import environment
 from lit_rlft.records.jsonio import read_json, write_json, write_result
+from lit_rlft.rewards.runner import RewardRunner
+from lit_rlft.study import fabric_arm
 from lit_rlft.study.compose import (
     ConfigError,
     build_cli,
@@ -38,6 +41,8 @@ from lit_rlft.study.compose import (
     run_config,
     write_config,
 )
+from lit_rlft.study.probe import ProbeError, ProbeSettings, run_probe
+from lit_rlft.study.report import write_outputs
 from lit_rlft.study.runner import PlannedRun, execute, python_command
 from lit_rlft.study.settings import TRL_ARM, StudySettings, arm_name
 from lit_rlft.study.strategies import Arm, ArmError, CallbackSpec, resolve_arm
@@ -114,7 +119,6 @@ def _check_rewards(scorer: Any, data: Any) -> None:
 
 def _eval_scorer(settings: StudySettings) -> Any:
     """The evaluation's own reward runner (``--eval-reward``), or an error naming the reward that does not resolve."""
-    from lit_rlft.rewards.runner import RewardRunner
 
     try:
         return RewardRunner(list(settings.eval_reward))
@@ -293,9 +297,8 @@ def _fit_in_process(path: Path, resume: Path | None = None) -> Any:
 
 def _fabric_in_process(path: Path, resume: Path | None = None) -> Any:
     def fit() -> None:
-        from lit_rlft.study.fabric_arm import run
 
-        run(str(path), str(resume) if resume else None)
+        fabric_arm.run(str(path), str(resume) if resume else None)
 
     return fit
 
@@ -329,7 +332,6 @@ def collect(run: PlannedRun, rc: int | None, error: str | None, seconds: float) 
                   timings=measured.get("timings"), environment=measured.get("environment"))
     tb = run.run_dir / "tb"
     if tb.exists():
-        from lit_rlft.records import read_scalars
 
         record["series"] = select_series(read_scalars(tb, latest=True), run.info.get("selection_name"))
     if rc == 0 and measured.get("finished"):
@@ -353,7 +355,6 @@ def summarise_study(settings: StudySettings, runs: list[dict[str, Any]]) -> dict
 def run_study(settings: StudySettings, progress: bool = True) -> dict[str, Any]:
     """Check, plan, run what is not finished, and write ``study.json``, ``report.md`` and the figures; returns
     ``study.json``'s content."""
-    from lit_rlft.study.report import write_outputs
 
     t0 = time.perf_counter()
     checked = check(settings)
@@ -399,7 +400,6 @@ def study_probe(settings: StudySettings, checked: Checked, progress: bool = True
     settings is reused."""
     import gc
 
-    from lit_rlft.study.probe import ProbeError, ProbeSettings, run_probe
 
     out = Path(settings.out) / "probe"
     probe_settings = ProbeSettings(configs=list(settings.configs), prompts=settings.probe_prompts,
@@ -419,7 +419,6 @@ def study_probe(settings: StudySettings, checked: Checked, progress: bool = True
 def rebuild_report(settings: StudySettings) -> dict[str, Any]:
     """``study.json`` and the report again from the run records under ``settings.out`` (nothing runs; runs of the
     settings' arms and seeds whose record is missing are reported as such)."""
-    from lit_rlft.study.report import write_outputs
 
     t0 = time.perf_counter()
     out = Path(settings.out)
