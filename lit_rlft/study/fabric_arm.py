@@ -16,13 +16,13 @@ One process, one device (``trainer.accelerator``): a multi-rank Fabric run is la
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any
 
 from lit_rlft.cli.lightning_cli import grpo_cli
 from lit_rlft.lightning.fabric import FabricLoop
+from lit_rlft.study.arm_main import arm_main
 from lit_rlft.study.callback import StudyCallback
 
 __all__ = ["FabricArmError", "main", "run"]
@@ -63,17 +63,7 @@ def run(config_path: str, ckpt_path: str | None = None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lit_rlft.study.fabric_arm", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True, help="a study run's composed config (arms/<run>/config.yaml)")
-    p.add_argument("--ckpt_path", default=None, help="resume from this checkpoint (the study's resume.ckpt)")
-    a = p.parse_args(argv)
-    try:
-        run(a.config, a.ckpt_path)
-    except FabricArmError as e:
-        print(f"lit_rlft.study.fabric_arm: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return arm_main("lit_rlft.study.fabric_arm", __doc__, run, FabricArmError, argv, resumable=True)
 
 
 if __name__ == "__main__":

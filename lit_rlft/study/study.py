@@ -31,7 +31,6 @@ from lit_rlft.records import read_scalars
 from lit_rlft.records.environment import environment
 from lit_rlft.records.jsonio import read_json, write_json, write_result
 from lit_rlft.rewards.runner import RewardRunner
-from lit_rlft.study import fabric_arm
 from lit_rlft.study.compose import (
     ConfigError,
     build_cli,
@@ -298,7 +297,9 @@ def _fit_in_process(path: Path, resume: Path | None = None) -> Any:
 def _fabric_in_process(path: Path, resume: Path | None = None) -> Any:
     def fit() -> None:
 
-        fabric_arm.run(str(path), str(resume) if resume else None)
+        from lit_rlft.study.fabric_arm import run  # not at the top: ``python -m lit_rlft.study.fabric_arm`` runs it
+
+        run(str(path), str(resume) if resume else None)
 
     return fit
 

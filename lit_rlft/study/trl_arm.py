@@ -28,7 +28,6 @@ anything runs, naming the option.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import sys
@@ -39,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import transformers
 
 from lit_rlft.records.jsonio import read_json, write_json, write_result
+from lit_rlft.study.arm_main import arm_main
 from lit_rlft.study.evaluation import HeldOutEvaluator, policy_probe
 
 if TYPE_CHECKING:
@@ -285,16 +285,7 @@ class _Measure(transformers.TrainerCallback):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lit_rlft.study.trl_arm", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True, help="a study run's composed config (arms/trl-seed<s>/config.yaml)")
-    a = p.parse_args(argv)
-    try:
-        run(a.config)
-    except TRLArmError as e:
-        print(f"lit_rlft.study.trl_arm: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return arm_main("lit_rlft.study.trl_arm", __doc__, lambda config, _: run(config), TRLArmError, argv)
 
 
 if __name__ == "__main__":
