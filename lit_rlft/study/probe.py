@@ -33,8 +33,10 @@ from lit_rlft.records.environment import environment
 from lit_rlft.records.jsonio import write_result
 from lit_rlft.rewards.runner import RewardRunner
 from lit_rlft.step.builder import build_models
+from lit_rlft.step.context import PromptData
 from lit_rlft.step.seeding import StepSeeds
 from lit_rlft.study.compose import build_cli, load_config
+from lit_rlft.study.evaluation import StudyContext
 from lit_rlft.study.plots import plot_probe
 from lit_rlft.study.probe_stats import ProbeRow, summarise_probe, verdict
 
@@ -108,7 +110,8 @@ def _format_index(names: Sequence[str], funcs: Sequence[Any]) -> str | None:
     return None
 
 
-def probe_rows(step: Any, data: Any, ids: np.ndarray, split: str, num_generations: int, batch: int, format_scorer: Any = None, progress: Any = None) -> tuple[list[ProbeRow], float]:
+def probe_rows(step: StudyContext, data: PromptData, ids: np.ndarray, split: str, num_generations: int, batch: int,
+               format_scorer: Any = None, progress: Any = None) -> tuple[list[ProbeRow], float]:
     """Roll out ``ids`` of ``split`` (``"train"`` or ``"val"``) ``num_generations`` times each at the config's
     training sampling, on the step's seeds (re-seeded per batch); the groups as :class:`ProbeRow` and the generation
     seconds."""
