@@ -40,7 +40,7 @@ class RolloutWorker:
 
     Args:
         engine: a :class:`~lit_rlft.rollout.engines.base.RolloutEngine` already ``setup`` with the policy.
-        rewards: the :class:`~lit_rlft.rewards.scorer.Scorer` (a :class:`~lit_rlft.rewards.runner.RewardRunner`), or a
+        scorer: the :class:`~lit_rlft.rewards.scorer.Scorer` (a :class:`~lit_rlft.rewards.runner.RewardRunner`), or a
             plain ``(completions [N], columns) -> RewardResult`` callable (wrapped by ``as_scorer``).
         tokenizer: decodes completions for the reward functions.
         success_threshold: a completion is correct when its total reward is at least this.
