@@ -85,14 +85,9 @@ class StudyCallback(StepCallback):
         self.eval_s = 0.0
         self._next = 0  # index of the next mark
         self._t_step: float | None = None  # when the measured step's clock started
-        self._ctx: StudyContext | None = None
 
     # -- the step's context methods (the Trainer, FabricLoop and a plain loop call them alike) ---------------------
-    def setup_step(self, ctx: StudyContext) -> None:
-        self._ctx = ctx
-
     def before_first_step(self, ctx: StudyContext) -> None:
-        self._ctx = ctx
         if not self.curve:
             self._evaluate(ctx, start=True)
         self._t_step = time.perf_counter()
