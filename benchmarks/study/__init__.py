@@ -36,8 +36,8 @@ Design of the full study (``StudyConfig()`` defaults)
   dynamic sampling spends its discarded rounds (about 2/3 of its completions) so about 50 steps; replay generates
   16 fresh groups per step, so 200-300 steps. ``max_steps`` is 10x the uniform steps, a backstop only. Evaluation
   at the start and every 6,400 completions (``StudyConfig.eval_marks``).
-- GRPO as ``configs/countdown_tiny.yaml`` (the ``StudyConfig`` GRPO fields). Strategy settings: the ``StudyConfig``
-  fields of ``STRATEGY_FIELDS`` and what :func:`~benchmarks.study.strategies.strategy_specs` passes; every run
+- GRPO as ``configs/countdown_tiny.yaml`` (the ``StudyConfig`` GRPO fields). Strategy settings: the overlays of
+  ``configs/study/`` with ``StudyConfig.overrides`` (``--set DOTSCallback.alpha=0.3``, as ``lit-rlft study`` takes it); every run
   records its callbacks' full arguments, and ``results.md`` / ``docs/results.md`` print them from that record
   (``python -m benchmarks.study.docs`` regenerates the page's generated blocks).
 

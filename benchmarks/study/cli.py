@@ -11,6 +11,8 @@ from benchmarks.study.config import SKEWED_POOL, StudyConfig
 from benchmarks.study.tables import degeneracy_lines
 from lit_rlft.records.jsonio import write_result
 from lit_rlft.study.cli import key_value
+from lit_rlft.study.overrides import parse_override
+from lit_rlft.study.strategies import ArmError
 
 
 def _ints(text: str) -> list[int]:
@@ -18,7 +20,15 @@ def _ints(text: str) -> list[int]:
 
 
 def _setting(text: str) -> tuple[str, object]:
-    """``KEY=VALUE`` for ``--set``: KEY a StudyConfig field, VALUE read as JSON, else as text."""
+    """``KEY=VALUE`` for ``--set``: KEY a StudyConfig field, VALUE read as JSON, else as text; or a change to the
+    strategies' callbacks (``[ARM:]Callback.argument=VALUE``, ``lit-rlft study``'s ``--set``), kept as
+    ``("overrides", text)``."""
+    if "." in text.partition("=")[0]:
+        try:
+            parse_override(text)
+        except ArmError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return "overrides", text
     return key_value(text, _FIELDS, "a StudyConfig field")
 
 
@@ -73,7 +83,8 @@ def parser() -> argparse.ArgumentParser:
                    help="the pool that wastes most rollouts (StudyConfig.skewed(): 5-number problems, weights "
                         "0.3,0.1,0.3,0.3, target >= 70%% degenerate groups at the warm start)")
     p.add_argument("--set", dest="settings", type=_setting, action="append", default=[], metavar="KEY=VALUE",
-                   help="any other StudyConfig field, repeatable, e.g. --set num_generations=16 --set dots_alpha=0.3")
+                   help="any other StudyConfig field, or a strategy's callback argument as lit-rlft study's --set takes "
+                        "it, repeatable, e.g. --set num_generations=16 --set DOTSCallback.alpha=0.3")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     p.add_argument("--degeneracy-only", action="store_true",
                    help="only measure each pool's degenerate groups under the warm start (<out>/degeneracy.json), "
@@ -91,7 +102,10 @@ _FIELDS = frozenset(f.name for f in dataclasses.fields(StudyConfig))
 def config_from_args(a: argparse.Namespace) -> StudyConfig:
     """The study's config: ``StudyConfig`` (or ``.quick()``) with every given field option and ``--set`` applied."""
     overrides = {k: v for k, v in vars(a).items() if k in _FIELDS and v is not None}
-    overrides.update(dict(a.settings))
+    changes = [v for k, v in a.settings if k == "overrides"]
+    overrides.update({k: v for k, v in a.settings if k != "overrides"})
+    if changes:
+        overrides["overrides"] = [*overrides.get("overrides", []), *changes]
     if a.skewed:  # the skewed pool's settings, under anything given explicitly
         overrides = {**SKEWED_POOL, **overrides}
     return StudyConfig.quick(**overrides) if a.quick else StudyConfig(**overrides)

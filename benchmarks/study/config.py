@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from lit_rlft.study.strategies import STRATEGIES, STRATEGY_FIELDS, StrategySettings
+from lit_rlft.study.strategies import STRATEGIES
 
 #: The Countdown study's targets (kind -> curve key): held-out accuracy on 3 and 4 numbers, training-pool reward.
 TARGETS = {"accuracy": "val/accuracy/learnable", "train_reward": "train_pool_reward"}
@@ -33,7 +33,7 @@ SWEEP_STRATEGIES: tuple[str, ...] = ("uniform", "dynamic_sampling", "dps", "dps_
 
 
 @dataclass
-class StudyConfig(StrategySettings):
+class StudyConfig:
     """Everything that defines a study. Runs differ only in (strategy, pool size, seed).
 
     Pools and seeds: the first entry of ``pool_sizes`` is the main comparison (every strategy, every seed in
@@ -109,7 +109,8 @@ class StudyConfig(StrategySettings):
     budget_completions: int = 38_400
     num_evals: int = 6
     max_steps_factor: int = 10
-    # -- strategies: the fields of lit_rlft.study.StrategySettings (inherited, with the product's defaults) ----
+    # -- strategies: configs/study/<name>.yaml, with these changes (lit-rlft study's --set, in order) -----------
+    overrides: list[str] = field(default_factory=list)  # [ARM:]Callback.argument[.field]=VALUE each
     # -- execution and statistics ----------------------------------------------------------------------------
     jobs: int = 2
     threads: int = 1
@@ -151,22 +152,22 @@ class StudyConfig(StrategySettings):
 
     # -- variants ---------------------------------------------------------------------------------------------
     @classmethod
-    def quick(cls, **overrides: Any) -> StudyConfig:
+    def quick(cls, **fields: Any) -> StudyConfig:
         """Every strategy once, pool 1000, a 12,288-completion budget (48 uniform steps), 300 held-out prompts:
         a smoke test of the whole pipeline in under 15 minutes (no confidence intervals with one seed)."""
         kw: dict[str, Any] = dict(seeds=[0], pool_sizes=[1000], budget_completions=12_288, num_evals=3,
                                   eval_size=300, degeneracy_sample=256, train_subset_size=128)
-        kw.update(overrides)
+        kw.update(fields)
         return cls(**kw)
 
     @classmethod
-    def skewed(cls, **overrides: Any) -> StudyConfig:
+    def skewed(cls, **fields: Any) -> StudyConfig:
         """A pool that wastes most rollouts, as real pools do for a given model: 2-number prompts the warm start
         already solves, 4- and 5-number prompts beyond it, few 3-number ones (weights 0.3, 0.1, 0.3, 0.3 over 2, 3,
         4 and 5 numbers), meant to leave at least 70% of groups degenerate at the warm start (measured and reported
         with every study). The held-out set stays 2-4 numbers in equal parts, as in the balanced study."""
         kw: dict[str, Any] = dict(SKEWED_POOL)
-        kw.update(overrides)
+        kw.update(fields)
         return cls(**kw)
 
     @property
@@ -211,10 +212,6 @@ class StudyConfig(StrategySettings):
         return dataclasses.asdict(self)
 
     # -- the study as the product runs it ---------------------------------------------------------------------
-    @property
-    def strategy_settings(self) -> StrategySettings:
-        return StrategySettings.of(self)
-
     def run_config(self, pool_size: int, warm_start: str) -> dict[str, Any]:
         """The ``lit-rlft fit`` config every run of pool ``pool_size`` shares (``configs/countdown_tiny.yaml``'s GRPO
         with the study's pool, held-out set and warm start); the study adds each arm's callbacks and seed."""
@@ -264,7 +261,7 @@ class StudyConfig(StrategySettings):
             train_generations=self.train_subset_generations, groups={"learnable": list(self.learnable_buckets)},
             eval_reward=[COUNTDOWN_REWARD] if self.reward else [],
             arm_seeds={k: v for k, v in (self.strategy_seeds or {}).items()}, metric=TARGETS["accuracy"],
-            strategy_settings=self.strategy_settings, confidence=self.confidence,
+            overrides=list(self.overrides), confidence=self.confidence,
             max_steps_factor=self.max_steps_factor, run_timeout_s=self.run_timeout_s)
 
     @classmethod
@@ -273,13 +270,13 @@ class StudyConfig(StrategySettings):
         return cls(**{k: v for k, v in data.items() if k in names})
 
     def run_fingerprint(self) -> str:
-        """Hash of the settings every run shares (not the run list, jobs, statistics, nor the strategies' own
-        settings in :data:`STRATEGY_FIELDS`): a finished run is reused on a re-run only when this matches *and* its
+        """Hash of the settings every run shares (not the run list, jobs, statistics, nor the strategies'
+        ``overrides``): a finished run is reused on a re-run only when this matches *and* its
         recorded callback settings match what the study passes now (``benchmarks.study.study.retire_stale_runs``),
         so changing one strategy's setting re-runs that strategy only."""
         skip = {"strategies", "seeds", "pool_sizes", "sweep_seeds", "strategy_seeds", "sweep_strategies", "jobs", "run_timeout_s",
                 "confidence", "sft_threads", "degeneracy_sample", "degeneracy_generations", "degenerate_target",
-                *STRATEGY_FIELDS}
+                "overrides"}
         data = {k: v for k, v in self.to_dict().items() if k not in skip}
         for added in ("async_depth", "bucket_weights", "reward"):  # added later: runs without them keep theirs
             if not data.get(added):

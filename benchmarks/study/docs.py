@@ -10,10 +10,11 @@ every run recorded) with the study's own code (:mod:`lit_rlft.study.summary`, :m
 ``benchmarks/README.md`` hold blocks of their own (:func:`extra_blocks`): the time-to-TRL tables, from
 ``benchmarks/results/time_to_trl_*.json``, and the saving against passes, from ``docs/results/passes/``.
 
-The check also requires that every run recorded the callback settings the study passes now
-(:func:`~lit_rlft.study.strategies.strategy_settings` of the recorded configuration, defaults read from the
-callbacks' signatures): changing a callback's default, or a setting in ``lit_rlft/study/strategies.py``, without re-running the
-affected runs and regenerating the page fails it.
+The check also requires that every run of a recorded study (this one and the product studies of
+:data:`PRODUCT_STUDIES`) recorded the callback settings its arm gives now (:meth:`~lit_rlft.study.strategies.Arm.
+settings` of the shipped overlay in ``configs/study/`` with the study's recorded ``--set`` overrides, defaults read
+from the callbacks' signatures): changing a callback's default, or a setting in a ``configs/study/*.yaml``, without
+re-running the affected runs and regenerating the page fails it.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from benchmarks.study.recorded import STUDY_JSON, load_study
 from benchmarks.study.tables import baseline_final_lines, results_markdown, settings_lines
 from benchmarks.study.trl_tables import result_table
 from lit_rlft.records.jsonio import read_json
+from lit_rlft.study.overrides import apply_overrides, parse_override
 from lit_rlft.study.report import at_marks_rows, table
-from lit_rlft.study.strategies import settings_match, strategy_settings
+from lit_rlft.study.strategies import STRATEGIES, ArmError, resolve_arm, settings_match
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS_MD = REPO / "docs" / "results.md"
@@ -205,14 +207,29 @@ def blocks(cfg: StudyConfig, study: dict[str, Any]) -> dict[str, Callable[[], li
     return out
 
 
-def settings_problems(cfg: StudyConfig, study: dict[str, Any]) -> list[str]:
-    """Runs whose recorded callbacks differ from what the study passes now for them (or that recorded none)."""
+def settings_problems(runs: list[dict[str, Any]], overrides: list[str], where: str) -> list[str]:
+    """Runs of a shipped strategy whose recorded callbacks differ from what its overlay in ``configs/study/`` with
+    ``overrides`` gives now (or that recorded none); ``where`` (the study's file) begins each problem."""
+    names = sorted({r["strategy"] for r in runs if r["strategy"] in STRATEGIES})
+    try:
+        arms, _ = apply_overrides({n: resolve_arm(n) for n in names}, [parse_override(o) for o in overrides])
+    except ArmError as e:
+        return [f"{where}: {e}"]
     problems = []
-    for r in study["runs"]:
-        now = strategy_settings(r["strategy"], cfg.strategy_settings, r["seed"])
+    for r in runs:
+        arm = arms.get(r["strategy"])
+        if arm is None:  # TRL's trainer, or a user's overlay file
+            continue
+        now = arm.settings(r["seed"])
         if not settings_match(r.get("callbacks"), now):
-            problems.append(f"{r['run']}: recorded callbacks {r.get('callbacks')} but the study passes {now}")
+            problems.append(f"{where}: {r['run']}: recorded callbacks {r.get('callbacks')} but {_shown(arm.path)} gives {now}")
     return problems
+
+
+def _shown(path: str | None) -> str:
+    """``path`` relative to the repository where it lies in it."""
+    p = Path(path or "?")
+    return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
 
 
 def render(text: str, generated: dict[str, Callable[[], list[str]]]) -> str:
@@ -230,7 +247,11 @@ def check(study_path: Path = STUDY_JSON, results_md: Path = RESULTS_MD, tables_m
           pages: tuple[Path, ...] = EXTRA_PAGES) -> list[str]:
     """Everything out of date, in words (empty: the page says what ran)."""
     cfg, study = load_study(study_path)
-    problems = settings_problems(cfg, study)
+    problems = settings_problems(study["runs"], cfg.overrides, study_path.name)
+    for path in PRODUCT_STUDIES.values():
+        recorded = read_json(path) or {}
+        problems += settings_problems(recorded.get("runs", []), recorded.get("settings", {}).get("overrides", []),
+                                      path.name)
     text = results_md.read_text(encoding="utf-8")
     expected = render(text, blocks(cfg, study))
     names = [m.group("name") for m in _BLOCK.finditer(text)]

@@ -256,6 +256,18 @@ def pool_lines(cfg: StudyConfig, pool: dict[str, Any], size: str, strategies: li
     return lines
 
 
+def _reference_sets(cfg: StudyConfig, study: dict[str, Any]) -> str:
+    """`` (R prompts x G every U steps = ... completions per step, ...% of a uniform step)`` of the DOTS arm as its
+    runs recorded it (empty when no run used DOTS)."""
+    for r in study["runs"]:
+        for cb in r.get("callbacks") or []:
+            if cb["callback"] == "DOTSCallback":
+                size, every = cb["args"]["reference_size"], cb["args"]["update_every"]
+                return (f" ({size} prompts x G every {every} steps = {size * cfg.num_generations / every:.0f} "
+                        f"completions per step, {size / every / cfg.batch_size:.0%} of a uniform step)")
+    return ""
+
+
 def results_markdown(cfg: StudyConfig, study: dict[str, Any]) -> str:
     pools = study["pools"]
     main = str(cfg.pool_sizes[0])
@@ -273,10 +285,8 @@ def results_markdown(cfg: StudyConfig, study: dict[str, Any]) -> str:
         "## Pool degeneracy at the start", "", *degeneracy_lines(study["degeneracy"]),
         *pool_lines(cfg, pools[main], main, cfg.strategies_at(int(main)), "Main comparison"),
         "Selection overhead = time in the selection callback except reference rollouts, over (training step + that "
-        "time + reference rollouts). Not-for-training completions: DOTS / cold-start reference sets "
-        f"({cfg.reference_size} prompts x G every {cfg.update_every} steps = "
-        f"{cfg.reference_size * cfg.num_generations / cfg.update_every:.0f} completions per step, "
-        f"{cfg.reference_size / cfg.update_every / cfg.batch_size:.0%} of a uniform step), dynamic sampling's "
+        "time + reference rollouts). Not-for-training completions: DOTS / cold-start reference sets"
+        f"{_reference_sets(cfg, study)}, dynamic sampling's "
         "discarded rounds and screening's rounds (its kept screening completions included); sequential sampling's "
         "and the allocation's extra completions count as training (the groups they drop at the end included).", "",
     ]

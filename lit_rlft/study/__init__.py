@@ -23,8 +23,8 @@ measured with), ``trl_arm`` (TRL's trainer as an arm), ``settings`` (a study's s
 from lit_rlft.study.callback import StudyCallback
 from lit_rlft.study.evaluation import EvalSettings, HeldOutEvaluator
 from lit_rlft.study.settings import StudySettings
-from lit_rlft.study.strategies import STRATEGIES, StrategySettings
+from lit_rlft.study.strategies import STRATEGIES
 from lit_rlft.study.study import StudyError, run_study
 
-__all__ = ["STRATEGIES", "EvalSettings", "HeldOutEvaluator", "StrategySettings", "StudyCallback", "StudyError",
+__all__ = ["STRATEGIES", "EvalSettings", "HeldOutEvaluator", "StudyCallback", "StudyError",
            "StudySettings", "run_study"]

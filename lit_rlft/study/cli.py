@@ -10,14 +10,14 @@ from the finished runs without running anything.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from lit_rlft.study.overrides import SYNTAX, parse_override
 from lit_rlft.study.settings import LOOPS, TRL_ARM, StudySettings
-from lit_rlft.study.strategies import STRATEGIES, StrategySettings
+from lit_rlft.study.strategies import STRATEGIES, ArmError
 from lit_rlft.study.study import StudyError
 
 PROG = "lit-rlft study"
@@ -47,9 +47,13 @@ def key_value(text: str, names: set[str] | frozenset[str], what: str) -> tuple[s
     return key.strip(), parsed
 
 
-def _setting(text: str) -> tuple[str, Any]:
-    """``KEY=VALUE`` for ``--set``: KEY a strategy setting."""
-    return key_value(text, {f.name for f in dataclasses.fields(StrategySettings)}, "a strategy setting")
+def _setting(text: str) -> str:
+    """``[ARM:]Callback.argument[.field]=VALUE`` for ``--set`` (checked against the arms when the study starts)."""
+    try:
+        parse_override(text)
+    except ArmError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def _group(text: str) -> tuple[str, list[Any]]:
@@ -110,8 +114,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--arm-seeds", type=_arm_seeds, action="append", default=[], metavar="ARM=N",
                    help="run ARM on the first N seeds only (repeatable), e.g. more seeds for the arms that differ "
                         "little and fewer for the rest")
-    p.add_argument("--set", dest="settings", type=_setting, action="append", default=[], metavar="KEY=VALUE",
-                   help="a shipped strategy's setting, repeatable, e.g. --set dps_decay=0.7")
+    p.add_argument("--set", dest="settings", type=_setting, action="append", default=[], metavar="[ARM:]CLS.ARG=VALUE",
+                   help=f"change one argument of the arms' callbacks, repeatable: {SYNTAX} (without ARM: every arm "
+                        "with that callback; see configs/study/*.yaml)")
     p.add_argument("--loop", choices=LOOPS, default=d.loop,
                    help=f"what drives each lit_rlft run: the Trainer (lit-rlft fit) or FabricLoop (default {d.loop})")
     p.add_argument("--run-timeout", type=float, default=None, help="seconds after which a run is killed (default none)")
@@ -129,7 +134,7 @@ def settings_from_args(a: argparse.Namespace) -> StudySettings:
         out=a.out, jobs=a.jobs, threads=a.threads, baseline=a.baseline, eval_seed=a.eval_seed,
         train_subset=a.train_subset, train_generations=a.train_generations, groups=dict(a.group),
         eval_reward=a.eval_reward, arm_seeds=dict(a.arm_seeds), metric=a.metric,
-        strategy_settings=StrategySettings(**dict(a.settings)), run_timeout_s=a.run_timeout, loop=a.loop,
+        overrides=a.settings, run_timeout_s=a.run_timeout, loop=a.loop,
         probe=not a.no_probe,
         probe_prompts=a.probe_prompts)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lit_rlft.study.evaluation import EvalSettings
-from lit_rlft.study.strategies import StrategySettings, resolve_arm
+from lit_rlft.study.strategies import resolve_arm
 
 __all__ = ["LOOPS", "TRL_ARM", "StudySettings", "arm_name"]
 
@@ -49,7 +49,8 @@ class StudySettings:
         arm_seeds: arm -> how many of ``seeds`` it runs (the first ones; absent: all), e.g. more seeds for the arms
             whose differences are small.
         metric: the held-out curve key the report is about (``val/accuracy``; e.g. ``val/accuracy/learnable``).
-        strategy_settings: the shipped strategies' settings.
+        overrides: ``--set`` changes to the arms' callbacks, ``[ARM:]Callback.argument[.field]=VALUE`` each
+            (:mod:`~lit_rlft.study.overrides`), applied in order.
         confidence: of every interval.
         max_steps_factor: ``trainer.max_steps`` backstop, in multiples of the budget's uniform steps.
         run_timeout_s: a run past this many seconds is killed and recorded as failed (None: no limit).
@@ -80,7 +81,7 @@ class StudySettings:
     eval_reward: list[str] = field(default_factory=list)
     arm_seeds: dict[str, int] = field(default_factory=dict)
     metric: str = "val/accuracy"
-    strategy_settings: StrategySettings = field(default_factory=StrategySettings)
+    overrides: list[str] = field(default_factory=list)
     confidence: float = 0.95
     max_steps_factor: int = 10
     run_timeout_s: float | None = None
@@ -94,8 +95,7 @@ class StudySettings:
             raise ValueError(f"the study's loop must be one of {', '.join(LOOPS)}; got {self.loop!r}")
         self.configs = [str(c) for c in self.configs]
         self.seeds = [int(s) for s in self.seeds]
-        if isinstance(self.strategy_settings, dict):
-            self.strategy_settings = StrategySettings(**self.strategy_settings)
+        self.overrides = [str(o) for o in self.overrides]
 
     @property
     def marks(self) -> list[int]:

@@ -40,6 +40,7 @@ from lit_rlft.study.compose import (
     run_config,
     write_config,
 )
+from lit_rlft.study.overrides import apply_overrides, parse_override
 from lit_rlft.study.probe import ProbeError, ProbeSettings, run_probe
 from lit_rlft.study.report import write_outputs
 from lit_rlft.study.runner import PlannedRun, execute, python_command
@@ -157,11 +158,17 @@ def check(settings: StudySettings) -> Checked:
             raise StudyError(f"--strategies: two arms are named {arm.name!r} (rename one overlay file)")
         arms[arm.name] = arm
     try:
+        arms, unused = apply_overrides(arms, [parse_override(text) for text in settings.overrides])
+    except ArmError as e:
+        raise StudyError(str(e)) from None
+    for o in unused:
+        print(f"lit-rlft study: warning: --set {o.text!r} changes no arm of this study ({', '.join(arms)})")
+    try:
         base = load_config(settings.configs)
     except ConfigError as e:
         raise StudyError(str(e)) from None
     first = next(a for a in arms.values() if a is not None) if any(a is not None for a in arms.values()) else None
-    probe = run_config(base, [s.config() for s in (first.specs(settings.strategy_settings, settings.seeds[0])
+    probe = run_config(base, [s.config() for s in (first.specs(settings.seeds[0])
                                                    if first else [])], [], settings.seeds[0], "runs/study-check", 1)
     cli = _instantiate(probe)
     try:
@@ -232,7 +239,7 @@ def plan(settings: StudySettings, checked: Checked) -> list[PlannedRun]:
         name = f"{label}-seed{seed}"
         run_dir = out / "arms" / name
         cache = str(out / "cache" / "embeddings")
-        specs: list[CallbackSpec] = arm.specs(settings.strategy_settings, seed, cache) if arm is not None else []
+        specs: list[CallbackSpec] = arm.specs(seed, cache) if arm is not None else []
         callbacks = [s.settings() for s in specs]
         study_callbacks = _study_callbacks(settings, checked, run_dir, out)
         config = run_config(checked.base, [s.config() for s in specs], study_callbacks, seed, run_dir, max_steps)

@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from lit_rlft.cli import main
+from lit_rlft.study.strategies import LOCATION_ARGS, STRATEGIES, resolve_arm
 from tests.conftest import REPO
 
 CONFIGS = REPO / "configs"
@@ -121,3 +122,18 @@ def test_the_servers_overlay_and_the_trainer_plus_servers_recipe_compose(capsys)
     for part in ("fsdp2_1x8.yaml", "lora.yaml", "paper_dps_replay.yaml", "lit_rlft.rollout.ServerEngine",
                  "lit-rlft serve", "--sync-rendezvous", "LIT_RLFT_SYNC_TOKEN"):
         assert part in script
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_a_study_preset_is_a_fit_overlay_that_builds_what_the_study_records(name, capsys):
+    """configs/study/<name>.yaml given to `lit-rlft fit` makes the callbacks a study's run records (seed 0)."""
+    cfg = _print_config(capsys, CONFIGS / "countdown_tiny.yaml", CONFIGS / "study" / f"{name}.yaml")
+
+    def located(value):  # the printed arguments less the folders, as the study records them
+        if isinstance(value, dict):
+            return {k: located(v) for k, v in value.items() if k not in LOCATION_ARGS}
+        return value
+
+    printed = [{"callback": c["class_path"].rsplit(".", 1)[-1], "args": located(c.get("init_args") or {})}
+               for c in cfg["trainer"]["callbacks"]]
+    assert printed == resolve_arm(name).settings(seed=0)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from lit_rlft.study.compose import dropped_callbacks, merge, run_config
-from lit_rlft.study.strategies import ArmError, StrategySettings, resolve_arm
+from lit_rlft.study.strategies import ArmError, resolve_arm
 
 
 def test_an_overlay_file_is_an_arm_named_after_it_with_the_runs_seed(tmp_path):
@@ -16,12 +18,12 @@ def test_an_overlay_file_is_an_arm_named_after_it_with_the_runs_seed(tmp_path):
                     "    - class_path: lit_rlft.callbacks.MoPPSCallback\n      init_args: {seed: 11}\n")
     arm = resolve_arm(str(path))
     assert arm.name == "my_dps" and arm.selection_name() == "dps"
-    specs = arm.specs(StrategySettings(), seed=3)
+    specs = arm.specs(seed=3)
     # the logger is left to the base config; a seed the file does not give is the run's, one it gives is kept
     assert [(s.cls.__name__, s.kwargs.get("seed")) for s in specs] == [("DPSCallback", 3), ("MoPPSCallback", 11)]
     assert specs[0].config() == {"class_path": "lit_rlft.callbacks.DPSCallback",
                                  "init_args": {"decay": 0.7, "seed": 3}}
-    settings = arm.settings(StrategySettings(), seed=3)
+    settings = arm.settings(seed=3)
     assert settings[0]["args"]["decay"] == 0.7 and settings[0]["args"]["prior"] == "uniform"  # defaults included
 
 
@@ -40,9 +42,9 @@ def test_a_bad_overlay_names_the_file_and_the_entry(tmp_path, text, message):
 
 def test_the_shipped_strategies_configs_are_their_callbacks():
     arm = resolve_arm("dps_c8_handback")
-    assert [s.config()["class_path"] for s in arm.specs(StrategySettings(), 0)] == [
+    assert [s.config()["class_path"] for s in arm.specs(0)] == [
         "lit_rlft.callbacks.DPSCallback", "lit_rlft.callbacks.UniformHandbackCallback"]
-    assert resolve_arm("uniform").specs(StrategySettings(), 0) == []
+    assert resolve_arm("uniform").specs(0) == []
 
 
 def test_the_run_config_replaces_strategies_stops_and_checkpoints_and_sets_the_seed():
@@ -72,3 +74,14 @@ def test_the_run_config_replaces_strategies_stops_and_checkpoints_and_sets_the_s
 def test_config_files_merge_as_jsonargparse_merges_them():
     assert merge({"a": {"b": 1, "c": [1, 2]}, "d": 1}, {"a": {"c": [3]}, "e": 2}) == {"a": {"b": 1, "c": [3]},
                                                                                        "d": 1, "e": 2}
+
+
+def test_every_shipped_strategy_is_an_overlay_file_under_configs_study():
+    from lit_rlft.study.strategies import PRESETS, STRATEGIES
+
+    assert sorted(p.stem for p in PRESETS.glob("*.yaml")) == sorted(STRATEGIES)
+    for name in STRATEGIES:
+        arm = resolve_arm(name)
+        assert arm.shipped and arm.name == name and arm.path == str(PRESETS / f"{name}.yaml")
+        # the file read as a user's overlay is the same arm
+        assert dataclasses.replace(resolve_arm(str(PRESETS / f"{name}.yaml")), shipped=True) == arm

@@ -16,8 +16,9 @@ from tests.conftest import TINY_SMALL
 TINY_STUDY = dict(
     warm_start="tiny", tiny=TINY_SMALL, pool_sizes=[64], seeds=[0], batch_size=4, num_generations=4,
     max_completion_length=8, warmup_steps=1, budget_completions=48, num_evals=2, eval_size=16,
-    train_subset_size=16, degeneracy_sample=64, reference_size=4, update_every=2, replay_capacity=8,
-    dots_online_steps=1,
+    train_subset_size=16, degeneracy_sample=64,
+    overrides=["DOTSCallback.reference_size=4", "DOTSCallback.update_every=2", "DOTSCallback.online_steps_per_update=1",
+               "ReplayCallback.capacity=8"],
 )
 
 
@@ -87,7 +88,8 @@ def test_a_failed_run_is_recorded_and_reported(tmp_path):
     from benchmarks.study.study import run_countdown_study
 
     # reference_size larger than the pool makes DOTS fail in setup; uniform still runs.
-    cfg = StudyConfig(strategies=["uniform", "dots"], jobs=0, **{**TINY_STUDY, "reference_size": 100})
+    cfg = StudyConfig(strategies=["uniform", "dots"], jobs=0,
+                      **{**TINY_STUDY, "overrides": [*TINY_STUDY["overrides"], "DOTSCallback.reference_size=100"]})
     study = run_countdown_study(cfg, tmp_path, progress=False)
     status = {r["run"]: r["status"] for r in study["runs"]}
     assert status == {"uniform-pool64-seed0": "ok", "dots-pool64-seed0": "failed"}
@@ -134,13 +136,18 @@ def test_strategy_seeds_run_some_strategies_on_fewer_seeds_without_changing_a_ru
 
 
 def test_set_overrides_any_study_field_and_rejects_unknown_ones(capsys):
-    a = bench_cli.parser().parse_args(["--set", "num_generations=16", "--set", "dots_alpha=0.3",
-                                       "--set", "num_numbers=[3, 4]", "--seeds", "0"])
+    a = bench_cli.parser().parse_args(["--set", "num_generations=16", "--set", "DOTSCallback.alpha=0.3",
+                                       "--set", "num_numbers=[3, 4]", "--seeds", "0", "--set", "dots:DOTSCallback.tau=1"])
     cfg = bench_cli.config_from_args(a)
-    assert (cfg.num_generations, cfg.dots_alpha, cfg.num_numbers, cfg.seeds) == (16, 0.3, [3, 4], [0])
+    assert (cfg.num_generations, cfg.num_numbers, cfg.seeds) == (16, [3, 4], [0])
+    assert cfg.overrides == ["DOTSCallback.alpha=0.3", "dots:DOTSCallback.tau=1"]  # lit-rlft study's --set, in order
+    assert cfg.study_settings(4000, "c.yaml", "out").overrides == cfg.overrides
     with pytest.raises(SystemExit):
         bench_cli.parser().parse_args(["--set", "num_generatoins=16"])
     assert "StudyConfig field" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_cli.parser().parse_args(["--set", "DOTSCallback.alpha"])
+    assert "expected [ARM:]Callback.argument" in capsys.readouterr().err
 
 
 def test_crossing_is_interpolated_and_censored():

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 import benchmarks.study.cli as bench_cli
-import lit_rlft.study.strategies as strategies
 from benchmarks.study import docs
 from benchmarks.study.config import TARGETS, StudyConfig
 from benchmarks.study.recorded import load_study
 from lit_rlft.callbacks import GRESOCallback
+from lit_rlft.study.overrides import apply_overrides, parse_override
 from lit_rlft.study.stats import crossing, crossing_bracket
-from lit_rlft.study.strategies import strategy_settings
+from lit_rlft.study.strategies import resolve_arm
 from lit_rlft.study.summary import to_baseline_final
 
 #: Every run's learnable-accuracy curve as docs/results/study.json recorded it before the MoPPS rerun of issue 19.
@@ -89,28 +89,36 @@ def test_changing_a_callback_default_without_rerunning_breaks_the_check(monkeypa
     defaults[1] = 0.5  # hard_fraction: the study does not pass it, so the callback's default is what ran
     monkeypatch.setattr(GRESOCallback.__init__, "__defaults__", tuple(defaults))
     problems = docs.check()
-    assert any(p.startswith("greso-pool4000-seed0:") for p in problems)
+    assert any(p.startswith("study.json: greso-pool4000-seed0:") for p in problems)
     assert any("'settings'" in p for p in problems)  # the documented block no longer matches
     assert not any(p.startswith("mopps-") for p in problems)
 
 
-def test_changing_what_strategies_py_passes_breaks_the_check(monkeypatch):
-    monkeypatch.setattr(strategies, "MOPPS_TARGET", 0.4)
+def test_changing_a_shipped_overlay_breaks_the_check(monkeypatch, tmp_path):
+    """The recorded runs are checked against configs/study/*.yaml: a preset edited without re-running fails."""
+    import lit_rlft.study.strategies as strategies
+
+    presets = tmp_path / "study"
+    presets.mkdir()
+    for path in strategies.PRESETS.glob("*.yaml"):
+        (presets / path.name).write_text(path.read_text().replace("target: 0.5", "target: 0.4"))
+    monkeypatch.setattr(strategies, "PRESETS", presets)
     problems = docs.check()
-    assert any(p.startswith("mopps-pool1000-seed2:") and "'target': 0.4" in p for p in problems)
+    assert any(p.startswith("study.json: mopps-pool1000-seed2:") and "'target': 0.4" in p for p in problems)
+    assert any(p.startswith("gym_smollm2_study.json: mopps-seed2:") for p in problems)  # the product studies too
+    assert not any("uniform-" in p or "greso-" in p for p in problems)
 
 
 def test_settings_include_the_callbacks_defaults_and_mopps_runs_as_the_reference_countdown_scripts():
-    cfg = StudyConfig().strategy_settings
-    [greso] = strategy_settings("greso", cfg, seed=3)
+    [greso] = resolve_arm("greso").settings(seed=3)
     assert greso == {"callback": "GRESOCallback", "args": {
         "target_zero_variance": 0.25, "hard_fraction": 2 / 3, "initial_p": 0.5, "step_size": 0.01, "min_keep": 0.01,
         "seed": 3}}
-    [mopps] = strategy_settings("mopps", cfg, seed=0)
+    [mopps] = resolve_arm("mopps").settings(seed=0)
     assert mopps["args"] == {"candidate_ratio": 8, "target": 0.5, "prior": [1.0, 1.0], "decay": 0.5, "seed": 0}
-    [cold] = strategy_settings("dps_cold_start", cfg, seed=0)
+    [cold] = resolve_arm("dps_cold_start").settings(seed=0)
     assert "cache_dir" not in cold["args"]["cold_start"] and cold["args"]["cold_start"]["reference_size"] == 32
-    assert strategy_settings("uniform", cfg, 0) == []
+    assert resolve_arm("uniform").settings(0) == []
 
 
 def test_a_strategy_setting_changes_that_strategys_runs_only():
@@ -118,12 +126,14 @@ def test_a_strategy_setting_changes_that_strategys_runs_only():
     from lit_rlft.study.compose import fingerprint
 
     cfg = StudyConfig(strategies=["uniform", "mopps", "greso"], seeds=[0], pool_sizes=[64])
-    changed = StudyConfig(**{**cfg.to_dict(), "mopps_decay": 1.0})
+    changed = StudyConfig(**{**cfg.to_dict(), "overrides": ["MoPPSCallback.decay=1.0"]})
     assert changed.run_fingerprint() == cfg.run_fingerprint()  # shared settings unchanged ...
     assert changed.run_config(64, "tiny") == cfg.run_config(64, "tiny")
+    arms = {name: resolve_arm(name) for name in cfg.strategies}
+    after, _ = apply_overrides(arms, [parse_override(o) for o in changed.overrides])
     for name, same in (("mopps", False), ("greso", True), ("uniform", True)):
-        before, after = (strategy_settings(name, c.strategy_settings, 0) for c in (cfg, changed))
-        assert (fingerprint(before) == fingerprint(after)) is same, name  # ... mopps' callbacks are not
+        before_settings, after_settings = arms[name].settings(0), after[name].settings(0)
+        assert (fingerprint(before_settings) == fingerprint(after_settings)) is same, name  # ... mopps' are not
 
 
 # -- the command line ----------------------------------------------------------------------------------------------

@@ -93,7 +93,7 @@ def test_two_arms_one_seed_end_to_end_then_resume(tmp_path):
     assert again["timings"]["runs_executed"] == 0 and again["timings"]["runs_reused"] == 2
     assert [r["curve"] for r in again["runs"]] == [r["curve"] for r in study["runs"]]
     assert again["probe"] == study["probe"]  # the probe of the same config is reused too
-    s.strategy_settings.mopps_decay = 1.0
+    s.overrides = ["MoPPSCallback.decay=1.0"]
     changed = run_study(s, progress=False)
     assert changed["timings"]["runs_executed"] == 1
     assert {r["run"]: r["callbacks"] for r in changed["runs"]}["mopps-seed0"][0]["args"]["decay"] == 1.0
@@ -196,6 +196,12 @@ def test_bad_input_fails_before_any_run(tmp_path, capsys, monkeypatch):
     err = _study_error(capsys, [*base, "--strategies", str(overlay)])
     assert f"strategy overlay {overlay}: trainer.callbacks[0]: DPSCallback got an unexpected keyword argument 'decy'" \
         in err
+    err = _study_error(capsys, [*base, "--strategies", "uniform,dps", "--set", "dsp:DPSCallback.decay=0.7"])
+    assert err == ("lit-rlft study: error: --set 'dsp:DPSCallback.decay=0.7': the study has no arm 'dsp' (arms: "
+                   "uniform, dps)")
+    err = _study_error(capsys, [*base, "--strategies", "uniform,dps", "--set", "DPSCallback.decy=0.7"])
+    assert err.startswith("lit-rlft study: error: --set 'DPSCallback.decy=0.7': DPSCallback takes no argument 'decy' "
+                          "(it takes decay, prior,")
     err = _study_error(capsys, [*base, "--completions", "15"])
     assert err == ("lit-rlft study: error: --completions 15 is less than one step: data.batch_size (4) x "
                    "model.generation.num_generations (4) = 16")
