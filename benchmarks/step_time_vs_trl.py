@@ -59,8 +59,9 @@ if str(REPO) not in sys.path:
 
 B, G, MAX_NEW = 16, 8, 32
 #: The sides a run can compare: lit_rlft with per-row passes (``shared_prompt: false``), lit_rlft with shared-prompt
-#: passes (``shared_prompt: auto``, the default), TRL.
-SIDES = ("lit", "lit_shared", "trl")
+#: passes (``shared_prompt: auto``, the default), lit_rlft passing every row (per-row passes,
+#: ``skip_zero_advantage: false``: what it did before issue 58), TRL.
+SIDES = ("lit", "lit_shared", "lit_all", "trl")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -79,13 +80,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--generations", type=int, default=G, help="completions per prompt")
     p.add_argument("--max-new-tokens", type=int, default=MAX_NEW)
     p.add_argument("--gradient-checkpointing", action="store_true", help="both sides (non-reentrant)")
+    p.add_argument("--lora", type=int, default=None, metavar="R",
+                   help="LoRA adapters of rank R (alpha 2R, every linear layer, no dropout) on both sides (peft)")
     p.add_argument("--padding-free", action="store_true", help="lit_rlft's packed training passes")
     p.add_argument("--replay-delta", type=float, default=None, help="lit_rlft with ReplayCallback(delta=...)")
     p.add_argument("--hidden", type=int, default=None, help="the tiny model's hidden size (default TinyConfig's)")
     p.add_argument("--layers", type=int, default=None, help="the tiny model's decoder layers")
     p.add_argument("--accelerator", default="cpu", choices=["cpu", "gpu"])
-    p.add_argument("--reward", default="countdown", choices=["countdown", "coin"],
-                   help="countdown (0 for an untrained policy) or coin flips (reward variance in every batch)")
+    p.add_argument("--reward", default="countdown", choices=["countdown", "coin", "mixed"],
+                   help="countdown (0 for an untrained policy), coin flips (reward variance in almost every group), "
+                        "or mixed: --degenerate of the prompts always 0 or always 1, coin flips for the rest")
+    p.add_argument("--degenerate", type=float, default=0.6,
+                   help="--reward mixed: the share of prompts whose reward never varies (their groups teach nothing)")
     p.add_argument("--bf16", action="store_true", help="bf16-mixed on both sides (GPU)")
     p.add_argument("--prompt-prefix-tokens", type=int, default=0,
                    help="a fixed text of this many characters (tokens, for the tiny model) before every prompt, on "
@@ -100,7 +106,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not args.order or len(set(args.order)) < len(args.order) or set(args.order) - set(SIDES) or (
             len(args.order) > 1 and "trl" not in args.order):
         p.error(f"--order: sides from {', '.join(SIDES)}, each at most once, TRL among them when there are several "
-                f"(lit: model.optim.shared_prompt=false, per-row passes; lit_shared: the default, auto); got {args.order}")
+                f"(lit: model.optim.shared_prompt=false, per-row passes; lit_shared: the default, auto; lit_all: per-row "
+                f"passes over every row, skip_zero_advantage=false); got {args.order}")
     return args
 
 
@@ -175,6 +182,24 @@ def coin_reward(completions: list[str], **columns: Any) -> list[float]:
     return (torch.rand(len(completions)) < 0.5).float().tolist()
 
 
+#: ``--degenerate``: the share of prompts :func:`mixed_reward` scores with a constant (set by :func:`main`).
+DEGENERATE = 0.6
+
+
+def mixed_reward(completions: list[str], nums: list[Any], target: list[Any], **columns: Any) -> list[float]:
+    """A fixed share :data:`DEGENERATE` of the prompts (chosen by a hash of the problem, the same on both sides)
+    always scores 0 or always 1, the rest coin flips (:func:`coin_reward`): about that share of the groups has no
+    reward variance, as in a real run where most prompts are always or never solved, and the rest have some."""
+    import zlib
+
+    coins = coin_reward(completions)
+    out = []
+    for c, n, t in zip(coins, nums, target):
+        h = zlib.crc32(f"{n}|{t}".encode())
+        out.append(float(h % 2) if (h >> 1) % 1000 < DEGENERATE * 1000 else c)
+    return out
+
+
 def median(xs: list[float]) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
 
@@ -209,10 +234,11 @@ def planned_batches(args: argparse.Namespace, tokenizer: Any) -> list[dict[str, 
 
 
 def run_lit(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[Any]]],
-            shared_prompt: bool | str = False) -> dict[str, Any]:
+            shared_prompt: bool | str = False, skip_zero_advantage: bool = True) -> dict[str, Any]:
     import lightning as L
 
     from lit_rlft import GenerationConfig, GRPOLoss, GRPOModule, OptimConfig
+    from lit_rlft.models.loading import LoRAConfig
     from lit_rlft.rollout import HFEngine
 
     class Timer(L.Callback):
@@ -222,6 +248,7 @@ def run_lit(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[
             self.gen: list[float] = []
             self.self_step: list[float] = []
             self.lengths: list[float] = []
+            self.skipped: list[float] = []
             self.threads: set[int] = set()
             self.prompts_ok = True
             self._t0 = 0.0
@@ -238,6 +265,7 @@ def run_lit(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[
             self.gen.append(float(m["time/generation_s"]))
             self.self_step.append(float(m["time/step_s"]))
             self.lengths.append(float(m["completions/mean_length"]))
+            self.skipped.append(float(m.get("perf/skipped_rows_share", 0.0)))
             i = len(self.step) - 1
             if i < len(plan) and list(outputs["rollouts"].prompts) != plan[i]["prompt"]:
                 self.prompts_ok = False
@@ -250,14 +278,15 @@ def run_lit(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[
     module = GRPOModule(
         model=model_dir,
         engine=engine,
-        reward_funcs=["lit_rlft.rewards.countdown_reward" if args.reward == "countdown"
-                      else "benchmarks.step_time_vs_trl.coin_reward"],
+        reward_funcs=[{"countdown": "lit_rlft.rewards.countdown_reward", "coin": "benchmarks.step_time_vs_trl.coin_reward",
+                       "mixed": "benchmarks.step_time_vs_trl.mixed_reward"}[args.reward]],
         generation=GenerationConfig(num_generations=G, max_completion_length=MAX_NEW, temperature=1.0),
         loss=GRPOLoss(loss_type=args.loss_type, beta=0.0),
         optim=OptimConfig(learning_rate=1e-5, adam_betas=(0.9, 0.99), num_iterations=1, max_grad_norm=1.0,
                           gradient_checkpointing=args.gradient_checkpointing, padding_free=args.padding_free,
-                          shared_prompt=shared_prompt),
+                          shared_prompt=shared_prompt, skip_zero_advantage=skip_zero_advantage),
         scale_rewards=args.scale_rewards,
+        lora=LoRAConfig(r=args.lora, alpha=2 * args.lora) if args.lora else None,
     )
     timer = Timer()
     callbacks: list[Any] = [timer]
@@ -285,6 +314,7 @@ def run_lit(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[
         "generation_s": timer.gen,
         "self_reported_step_s": timer.self_step,
         "mean_completion_length": timer.lengths,
+        "skipped_rows_share": timer.skipped,
         "threads_seen": sorted(timer.threads),
         "prompts_match_plan": (timer.prompts_ok or args.replay_delta is not None) and len(timer.step) == args.steps,
         "peak_memory_mib": peak_memory(args),
@@ -310,6 +340,8 @@ def run_trl(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[
         seen_prompts.append(list(prompts[::G]))  # rows arrive grouped: G copies of each prompt in a row
         if args.reward == "coin":
             return coin_reward(completions)
+        if args.reward == "mixed":
+            return mixed_reward(completions, nums, target)
         return countdown_reward(completions, nums, target)
 
     countdown.__name__ = "countdown_reward"
@@ -378,9 +410,15 @@ def run_trl(args: argparse.Namespace, model_dir: str, plan: list[dict[str, list[
     same_tokens = all(tok(text, add_special_tokens=False)["input_ids"] == list(ids)
                       for batch in plan for text, ids in zip(batch["prompt"], batch["_tokens"]))
     timer = Timer()
+    peft_config = None
+    if args.lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=args.lora, lora_alpha=2 * args.lora, lora_dropout=0.0, target_modules="all-linear",
+                                 task_type="CAUSAL_LM")
     trainer = GRPOTrainer(
         model=model, reward_funcs=[countdown], args=cfg, train_dataset=dataset, processing_class=tok,
-        callbacks=[timer],
+        callbacks=[timer], peft_config=peft_config,
     )
     trainer.remove_callback(transformers.PrinterCallback)  # with disable_tqdm it prints every log dict
     assert trainer.args.steps_per_generation == 1 and trainer.args.generation_batch_size == B * G, (
@@ -429,9 +467,9 @@ def summarise(run: dict[str, Any], warmup: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global B, G, MAX_NEW  # the sizes every function reads
+    global B, G, MAX_NEW, DEGENERATE  # the sizes every function reads
     args = parse_args(argv)
-    B, G, MAX_NEW = args.prompts, args.generations, args.max_new_tokens
+    B, G, MAX_NEW, DEGENERATE = args.prompts, args.generations, args.max_new_tokens, args.degenerate
     quiet()
     torch.set_num_threads(args.threads)
 
@@ -461,7 +499,8 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(args.threads)
             t0 = time.perf_counter()
             if side != "trl":
-                raw = run_lit(args, model_dir, plan, shared_prompt="auto" if side == "lit_shared" else False)
+                raw = run_lit(args, model_dir, plan, shared_prompt="auto" if side == "lit_shared" else False,
+                              skip_zero_advantage=side != "lit_all")
             else:
                 raw = run_trl(args, model_dir, plan, str(Path(work) / f"trl_{r}"))
             raw["wall_s"] = time.perf_counter() - t0
@@ -508,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     ratios_period = {side: overall[side]["median_period_s"] / overall["trl"]["median_period_s"] for side in lits}
     round_ratios = {side: [e[side]["summary"]["median_step_s"] / e["trl"]["summary"]["median_step_s"]
                            for e in rounds] for side in lits}
-    names = {"lit": "lit_rlft", "lit_shared": "lit_rlft shared prompt", "trl": "TRL"}
+    names = {"lit": "lit_rlft", "lit_shared": "lit_rlft shared prompt", "lit_all": "lit_rlft every row", "trl": "TRL"}
     sides = lits + ["trl"]
     lines = [
         "| round | " + " | ".join(f"{names[x]} step (s)" for x in sides) + " | "
@@ -541,6 +580,10 @@ def main(argv: list[str] | None = None) -> int:
     for x in lits:
         print(f"ratio {names[x]} / TRL (median step): {ratios[x]:.3f}; per round: "
               f"{', '.join(f'{r:.2f}' for r in round_ratios[x])}")
+    skipped = {x: statistics.mean(v for e in rounds for v in e[x]["raw"]["skipped_rows_share"][args.warmup:])
+               for x in lits if any(e[x]["raw"]["skipped_rows_share"][args.warmup:] for e in rounds)}
+    print("rows the update left out (groups whose advantages are all 0): "
+          + ", ".join(f"{names[x]} {skipped[x]:.0%}" for x in skipped))
     print(f"same prompts on both sides, every step: {prompts_ok}; torch threads seen in steps: {threads}")
     print("mean completion length up to the first EOS: " + ", ".join(f"{names[x]} {lengths[x]:.1f}" for x in sides)
           + f" (max {MAX_NEW} new tokens, {B * G} completions per step, prompts of {prompt_tokens:.0f} tokens)")
@@ -549,7 +592,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python benchmarks/step_time_vs_trl.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "config": {
             "prompts_per_step": B, "num_generations": G, "max_completion_length": MAX_NEW, "temperature": 1.0,
-            "learning_rate": 1e-5, "beta": 0.0, "num_iterations": 1, "loss_type": args.loss_type,
+            "learning_rate": 1e-5, "beta": 0.0, "num_iterations": 1, "loss_type": args.loss_type, "lora_r": args.lora,
+            "reward": args.reward, "degenerate": args.degenerate if args.reward == "mixed" else None,
             "scale_rewards": args.scale_rewards, "steps": args.steps, "warmup_discarded": args.warmup,
             "rounds": args.rounds, "order": args.order, "threads": args.threads, "pool_size": args.pool_size,
             "model": (f"tiny Qwen2 (lit_rlft.models.tiny.TinyConfig()), {n_params} parameters, float32"
@@ -562,6 +606,7 @@ def main(argv: list[str] | None = None) -> int:
         "same_prompts": prompts_ok,
         "threads_seen": threads,
         "mean_completion_length": lengths,
+        "skipped_rows_share": skipped,
         "overall": overall,
         "ratio_over_trl": ratios,
         "ratio_over_trl_period": ratios_period,

@@ -159,6 +159,8 @@ class ReplayCallback(RolloutHook, StepCallback):
             size = int(rollouts.group_sizes[b])  # its real completions (a prefix of the group's rows)
             rows = range(b * G, b * G + size)
             lengths = [int(rollouts.completion_mask[r].sum()) for r in rows]
+            if not all(bool(torch.isfinite(mu[r, :n]).all()) for r, n in zip(rows, lengths)):
+                continue  # a group the update left out (all its advantages 0): no pass computed its mu
             out.append(StoredGroup(
                 prompt_id=int(rollouts.prompt_ids[b]),
                 prompt_tokens=rollouts.prompt_tokens[b * G][rollouts.prompt_mask[b * G].bool()].clone(),

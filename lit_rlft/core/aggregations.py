@@ -116,6 +116,25 @@ class Aggregation:
     """``(per_token [N, L], mask [N, L], max_completion_length) -> []``."""
     weight: MicroBatchWeight
     """``"sequences"``: ``D = N``; ``"tokens"``: ``D = T``; ``"one"``: per-micro-batch normalisation (bnpo)."""
+    unit: Literal["sequences", "tokens"] | None = None
+    """What the reduction's own denominator counts in a call (``D`` of that call): the weight's unit, or, for a
+    weight of ``"one"``, the unit it normalises each micro-batch by."""
+
+    def __post_init__(self) -> None:
+        if self.unit is None:
+            if self.weight == "one":
+                raise ValueError("an aggregation whose micro-batch weight is 'one' must say its unit")
+            object.__setattr__(self, "unit", self.weight)
+
+    @property
+    def additive(self) -> bool:
+        """Whether a micro-batch's weight is its own denominator, so that each row's share of the mini-batch loss
+        does not depend on which micro-batch holds it (all but bnpo's)."""
+        return self.weight != "one"
+
+    def units(self, mask: Tensor) -> float:
+        """``D`` of a call on loss-token ``mask`` ``[n, L]``: its rows or its tokens."""
+        return float(mask.bool().sum()) if self.unit == "tokens" else float(mask.shape[0])
 
     def micro_batch_weight(self, mask: Tensor) -> float:
         """A micro-batch's weight in its mini-batch, from its loss-token ``mask`` ``[n, L]``; see the module doc."""
@@ -129,7 +148,7 @@ class Aggregation:
 AGGREGATIONS: dict[str, Aggregation] = {
     "sequence_mean": Aggregation(sequence_mean, "sequences"),
     "token_mean": Aggregation(token_mean, "tokens"),
-    "local_token_mean": Aggregation(token_mean, "one"),
+    "local_token_mean": Aggregation(token_mean, "one", unit="tokens"),
     "constant_length_sum": Aggregation(constant_length_sum, "sequences"),
     "sequence_sum_mean": Aggregation(sequence_sum_mean, "sequences"),
 }

@@ -324,6 +324,15 @@ class GRPOLoss:
         return self.entropy_coef != 0.0 or self.use_adaptive_entropy
 
     @property
+    def zero_advantage_rows_matter(self) -> bool:
+        """Whether a row whose advantage is exactly 0 gives the loss a gradient: only through the KL term
+        (``beta > 0``) or the entropy bonus. Every surrogate is the advantage times a function of the ratio (or of
+        the log-prob), every loss mask and importance weight multiplies it, and every aggregation sums rows before
+        it divides, so otherwise such a row adds exactly 0 to the loss and to its gradient (it still counts in the
+        normaliser: :meth:`micro_batch_weight`)."""
+        return self.beta > 0 or self.entropy_bonus
+
+    @property
     def needs_entropy(self) -> bool:
         """Whether calls need ``entropy`` (the bonus, with gradient, or the high-entropy mask)."""
         return self.entropy_bonus or self.top_entropy_quantile < 1.0

@@ -14,7 +14,23 @@ from torch import Tensor
 
 from lit_rlft.core.types import Rollouts
 
-__all__ = ["pack_rows", "padding_share", "token_budget_micro_batches"]
+__all__ = ["pack_rows", "padding_share", "teaching_rows", "token_budget_micro_batches"]
+
+
+def teaching_rows(rollouts: Rollouts, advantages: Tensor) -> Tensor:
+    """``[N]`` bool: the real rows of the groups that have a member whose advantage is not exactly 0 (a NaN counts
+    as not 0: it stays in, as it would without the skip). A group whose members' advantages are all 0 (every reward
+    equal) leaves the update whole; a mixed group stays whole, so that every fresh row the update trains on gets
+    its behaviour log-probs from the pass.
+
+    Args:
+        rollouts: the batch, ``B`` groups of width ``G`` (``members``: the real rows of each).
+        advantages: ``[N]`` (``N = B * G``) or ``[B, G]``.
+    """
+    members = rollouts.member_mask()  # [B, G]
+    adv = advantages.detach().reshape(members.shape).cpu()  # [B, G]
+    live = ((adv != 0) & members).any(1)  # [B]
+    return (live[:, None] & members).reshape(-1)  # [N]
 
 
 def token_budget_micro_batches(rows: Tensor, prompt_lengths: Tensor, completion_lengths: Tensor, budget: int,

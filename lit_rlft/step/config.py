@@ -200,6 +200,14 @@ class OptimConfig:
     ``null`` (or 0): the full logits, bit for bit as before. A pass with no more positions than one chunk takes the
     full logits either way. Equal to the full pass up to float rounding (the head's product on fewer rows, the
     gradient summed chunk by chunk; tested at 1e-5 relative)."""
+    skip_zero_advantage: bool = True
+    """Leave the completions of groups whose advantages are all exactly 0 (every reward equal) out of the update's
+    forward and backward, and out of the old-policy pass, where they cannot contribute a gradient: no KL term
+    (``model.loss.beta: 0``) and no entropy bonus (the update keeps them otherwise). The loss is still normalised
+    over every row, so the gradient is the one of computing them all, up to float rounding (docs/losses.md, "Rows
+    that teach nothing"). With it, the token metrics (``entropy``, clip fractions) are over the trained rows;
+    ``perf/skipped_rows_share`` and ``time/update_saved_s`` say what it saved. ``false``: every row passed, the
+    weights and the metrics bit for bit as before issue 58 (but ``loss``, each mini-batch's loss either way)."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward instead of keeping them (HF's non-reentrant
     checkpointing): a fraction of the activation memory for about one more forward."""

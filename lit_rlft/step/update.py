@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -41,7 +42,7 @@ from lit_rlft.core.loss_masks import entropy_threshold
 from lit_rlft.core.losses import GRPOLoss, LossOutput
 from lit_rlft.core.types import Rollouts
 from lit_rlft.runtime.distributed import Collective, LocalCollective, split_to
-from lit_rlft.step.batching import padding_share, token_budget_micro_batches
+from lit_rlft.step.batching import padding_share, teaching_rows, token_budget_micro_batches
 from lit_rlft.step.config import OptimConfig
 from lit_rlft.step.passes import grouped_attention_supported, grouping_pays, sequence_logprobs
 
@@ -148,6 +149,7 @@ class PolicyUpdater:
         self.skips_in_a_row = 0
         self.skips_total = 0
         self.optimizer_steps = 0  # over the updater's life (what trainer.max_steps counts)
+        self._seconds_per_token = 0.0  # the update's time per trained token (time/update_saved_s)
 
     # -- batching ----------------------------------------------------------------------------------------------
     def micro_batches(self, rollouts: Rollouts, rows: Tensor) -> list[Tensor]:
@@ -177,6 +179,69 @@ class PolicyUpdater:
         rows = rollouts.member_rows()  # [N_real]
         perm = rows[torch.randperm(len(rows))] if self.num_mini_batches > 1 else rows
         return split_to(list(perm.chunk(self.num_mini_batches)), self.num_mini_batches)
+
+    @property
+    def skips_zero_advantage(self) -> bool:
+        """Whether the update leaves out the rows of groups whose advantages are all 0: ``skip_zero_advantage`` and
+        exact (no loss term gives such a row a gradient: :attr:`GRPOLoss.zero_advantage_rows_matter`)."""
+        return self.optim.skip_zero_advantage and not self.loss_fn.zero_advantage_rows_matter
+
+    def teaching_plans(self, rollouts: Rollouts, mini_batches: list[list[Tensor]], keep: Tensor,
+                       collective: Collective) -> list[list[tuple[Tensor, float]]]:
+        """Each mini-batch's passes over its teaching rows (``keep`` ``[N]``), with the weights that scale each
+        pass's loss to its share of the mini-batch's loss over *every* row (the normaliser stays the mini-batch's).
+
+        With an additive aggregation (a micro-batch's weight is its own denominator: every loss type but bnpo) a
+        row's share does not depend on its micro-batch, so the teaching rows are cut into micro-batches afresh (the
+        same rule: ``micro_batch_size`` or ``micro_batch_tokens``), fewer passes. bnpo normalises each micro-batch by
+        its own tokens, so its teaching rows stay in their micro-batches, each pass weighted by its share of that
+        micro-batch's tokens. Ranks agree on the number of passes per mini-batch (a rank with fewer makes passes that
+        add nothing); a mini-batch with no teaching row on any rank gets none.
+        """
+        agg = self.loss_fn.aggregation
+        plans: list[list[tuple[Tensor, float]]] = []
+        for micro in mini_batches:
+            if agg.additive:
+                rows = torch.cat(micro)
+                rows = rows[keep[rows]]
+                plans.append([(part, self.weight(rollouts, part)) for part in
+                              (self.micro_batches(rollouts, rows) if len(rows) else [])])
+                continue
+            plan = []
+            for m in micro:
+                part = m[keep[m]]
+                if len(part):
+                    whole = agg.units(self.loss_fn.token_mask(rollouts.loss_mask[m], rollouts.truncated[m]))
+                    share = agg.units(self.loss_fn.token_mask(rollouts.loss_mask[part], rollouts.truncated[part]))
+                    plan.append((part, self.weight(rollouts, m) * share / whole if whole else 0.0))
+            plans.append(plan)
+        if collective.is_distributed:
+            counts = np.max(np.asarray(collective.all_gather([len(p) for p in plans])), axis=0)
+            empty = rollouts.member_rows()[:0]
+            plans = [p + [(empty, 0.0)] * (int(k) - len(p)) for p, k in zip(plans, counts)]
+        return plans
+
+    def _complete_skipped(self, rollouts: Rollouts, keep: Tensor, mu: Tensor, stats: dict[str, list[float | Tensor]],
+                          update_s: float) -> None:
+        """After an update that left rows out: their behaviour log-probs (the engine's where it gave them; NaN
+        otherwise, as no pass computed pi_old for them: the replay buffer does not store such groups) and what the
+        skip saved: ``perf/skipped_rows`` and ``perf/skipped_rows_share`` of this rank's real rows, and
+        ``time/update_saved_s``, the update's time per trained token (the last update that trained any) times the
+        tokens left out (an estimate: a pass's cost grows with its tokens)."""
+        real = rollouts.member_mask().reshape(-1)  # [N]
+        skipped = real & ~keep  # [N]
+        fresh = ~rollouts.is_replay.repeat_interleave(rollouts.group_size)  # [N]
+        left = skipped & fresh
+        if bool(left.any()):
+            engine = rollouts.engine_logprobs
+            mu[left] = engine[left].float().cpu() if engine is not None else float("nan")
+        tokens = rollouts.prompt_mask.sum(1) + rollouts.completion_mask.sum(1)  # [N] a row's pass cost
+        trained_tokens, skipped_tokens = float(tokens[keep].sum()), float(tokens[skipped].sum())
+        stats["perf/skipped_rows"].append(float(skipped.sum()))
+        stats["perf/skipped_rows_share"].append(float(skipped.sum()) / max(int(real.sum()), 1))
+        if trained_tokens:
+            self._seconds_per_token = update_s / trained_tokens
+        stats["time/update_saved_s"].append(self._seconds_per_token * skipped_tokens)
 
     def weight(self, rollouts: Rollouts, rows: Tensor) -> float:
         """A micro-batch's share of its mini-batch's loss (:meth:`GRPOLoss.micro_batch_weight`; 0 when empty)."""
@@ -226,10 +291,12 @@ class PolicyUpdater:
         completes the fresh rows' mu (``UpdateOutput.behaviour_logprobs``, a new tensor: ``rollouts`` is not
         written), which the replay buffer stores.
         """
+        t0 = time.perf_counter()
         collective = collective or LocalCollective()
         world = collective.world_size
         single_update = self.num_iterations == 1 and self.num_mini_batches == 1
-        old = None if single_update else self.old_logprobs(rollouts, backend, collective)
+        keep = teaching_rows(rollouts, advantages) if self.skips_zero_advantage else None  # [N] bool
+        old = None if single_update else self.old_logprobs(rollouts, backend, collective, keep)
         if ref_logprobs is not None and self.num_iterations > 1:  # the frozen reference's pass once, not per pass
             ref_all = self._every_row(ref_logprobs, rollouts, collective)
             ref_logprobs = None if ref_all is None else (lambda _rollouts, rows: ref_all[rows.to(ref_all.device)])
@@ -241,11 +308,15 @@ class PolicyUpdater:
             local = [[self.weight(rollouts, rows) for rows in micro] for micro in mini_batches]
             sums = [sum(w) for w in local]
             totals = sums if world == 1 else _sum_lists(collective.all_gather(sums))  # global weight per mini-batch
-            for micro, weights, total in zip(mini_batches, local, totals):
-                self._optimizer_step(rollouts, micro, weights, total or 1.0,
+            plans = ([list(zip(micro, weights)) for micro, weights in zip(mini_batches, local)] if keep is None
+                     else self.teaching_plans(rollouts, mini_batches, keep, collective))
+            for micro, plan, total in zip(mini_batches, plans, totals):
+                self._optimizer_step(rollouts, micro, plan, total or 1.0,
                                      advantages, old, backend, collective, ref_logprobs, stats, mu)
             stats["perf/padding_share"].append(padding_share(rollouts, [r for m in mini_batches for r in m if len(r)],
                                                              self.padding_free, self.micro_batch_tokens is not None))
+        if keep is not None:
+            self._complete_skipped(rollouts, keep, mu, stats, time.perf_counter() - t0)
         skipped = len(stats.pop("nonfinite_skips", []))
         reduce = {"/min": np.min, "/max": np.max}
         metrics = {k: float(reduce.get(k[k.rfind("/"):], np.mean)(v)) for k, v in _to_host(stats).items()}
@@ -255,19 +326,26 @@ class PolicyUpdater:
             metrics["entropy_coef"] = self.entropy_control.apply_coef()
         return UpdateOutput(metrics, mu)
 
-    def _optimizer_step(self, rollouts: Rollouts, micro: list[Tensor], weights: list[float], total: float,
+    def _optimizer_step(self, rollouts: Rollouts, micro: list[Tensor], plan: list[tuple[Tensor, float]], total: float,
                         advantages: Tensor, old: Tensor | None, backend: UpdateBackend, collective: Collective,
                         ref_logprobs: RefLogprobs | None, stats: dict[str, list[float | Tensor]], mu: Tensor) -> None:
-        """One mini-batch: its micro-batches' backward passes (gradient sync on the last), clipping, one step.
+        """One mini-batch: the backward passes of its ``plan`` (micro-batches ``[n_k]`` and weights ``w_k``, each
+        loss scaled by ``w_k / total``; gradient sync on the last), clipping, one step. ``micro``: the mini-batch's
+        micro-batches of every row (the entropy quantile's pre-pass). A plan without passes (no teaching row on any
+        rank, :meth:`teaching_plans`) makes no backward: zero gradients, and the optimizer still steps. ``loss`` is
+        logged once per mini-batch: its loss (the sum of its passes' scaled losses), whatever its micro-batches.
 
         The micro-batches' statistics stay on the device (``stats``; :func:`_to_host` reads them back once per
         update): on an accelerator every ``float(tensor)`` waits for the queued work, ~10 waits per micro-batch."""
         world = collective.world_size
         threshold, bonus_tokens = self._entropy_globals(rollouts, micro, backend, collective)
         entropy_sums: Tensor | None = None  # [2] on the device: sum and count of the bonus tokens' entropy
+        mini_batch_loss: Tensor | float = 0.0
         backend.zero_grad()
-        for i, (rows, w) in enumerate(zip(micro, weights)):
-            with nullcontext() if i == len(micro) - 1 else backend.no_sync():
+        if not plan:  # no teaching row on any rank: the gradient every row would give is exactly 0
+            _zero_gradients(backend.model)
+        for i, (rows, w) in enumerate(plan):
+            with nullcontext() if i == len(plan) - 1 else backend.no_sync():
                 if len(rows) == 0:  # fewer rows here than on another rank: a pass that adds nothing (collectives)
                     out, _ = self._loss(rollouts, rollouts.member_rows()[:1], advantages, old, backend, ref_logprobs,
                                         threshold, 0.0 if bonus_tokens is not None else None)
@@ -280,10 +358,11 @@ class PolicyUpdater:
             for k, v in out.metrics.items():
                 stats[k].append(v.detach() if isinstance(v, Tensor) else float(v))
             stats["entropy"].append(entropy)
-            stats["loss"].append(out.loss.detach())
+            mini_batch_loss = mini_batch_loss + out.loss.detach() * (w / total * world)
             if out.entropy_stats is not None:
                 part = out.entropy_stats.detach().double()
                 entropy_sums = part if entropy_sums is None else entropy_sums + part
+        stats["loss"].append(mini_batch_loss)  # the mini-batch's loss, however it was cut (this rank's share x W)
         norm = backend.clip_grad_norm(self.max_grad_norm if self.max_grad_norm > 0 else math.inf)
         if math.isfinite(norm) or backend.scaler_skips_nonfinite:
             self.skips_in_a_row = 0
@@ -338,18 +417,26 @@ class PolicyUpdater:
             )
 
     @torch.no_grad()
-    def old_logprobs(self, rollouts: Rollouts, backend: UpdateBackend, collective: Collective | None = None) -> Tensor:
-        """``[N, L]`` log-probs of every row under the policy before this update (no gradient)."""
+    def old_logprobs(self, rollouts: Rollouts, backend: UpdateBackend, collective: Collective | None = None,
+                     keep: Tensor | None = None) -> Tensor:
+        """``[N, L]`` log-probs of every row (of the rows ``keep`` ``[N]`` marks) under the policy before this
+        update (no gradient; 0 for the rows left out)."""
         out = self._every_row(lambda r, rows: self.logprobs(backend, r, rows)[0], rollouts,
-                              collective or LocalCollective(), torch.float32)
+                              collective or LocalCollective(), torch.float32, keep)
         return out if out is not None else torch.zeros(rollouts.completion_tokens.shape, device=backend.device)
 
     def _every_row(self, per_rows: RefLogprobs, rollouts: Rollouts, collective: Collective,
-                   dtype: torch.dtype | None = None) -> Tensor | None:
-        """``[N, L]``: ``per_rows(rollouts, rows)`` ``[n, L]`` over this rank's micro-batches, as many on every rank
-        (a sharded model's forwards are collectives); None when ``per_rows`` gives None (or there are no rows)."""
+                   dtype: torch.dtype | None = None, keep: Tensor | None = None) -> Tensor | None:
+        """``[N, L]``: ``per_rows(rollouts, rows)`` ``[n, L]`` over this rank's micro-batches of its real rows (those
+        ``keep`` marks), as many on every rank (a sharded model's forwards are collectives); None when ``per_rows``
+        gives None (or there are no rows)."""
         out = None
-        for rows in self.split(rollouts, [rollouts.member_rows()], collective)[0]:
+        rows_here = rollouts.member_rows()
+        if keep is not None:
+            rows_here = rows_here[keep[rows_here]]
+            if not collective.is_distributed and len(rows_here) == 0:
+                return None
+        for rows in self.split(rollouts, [rows_here], collective)[0]:
             if len(rows) == 0:  # a pass that adds nothing: the other ranks' forwards are collectives
                 per_rows(rollouts, rollouts.member_rows()[:1])
                 continue
@@ -511,3 +598,11 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
     if hasattr(total, "full_tensor"):
         total = total.full_tensor()
     return float(total)
+
+
+def _zero_gradients(model: nn.Module) -> None:
+    """Every trainable parameter's gradient set to zeros (what a backward of a loss that is 0 for every row gives):
+    the optimizer then steps as it would have (Adam's moments decay, weight decay applies), with no pass run."""
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)

@@ -56,6 +56,13 @@ def digest(obj: Any) -> str:
     return h.hexdigest()[:16]
 
 
+def coin_reward_zero_on_rank_1(completions: list[str], **columns: Any) -> list[float]:
+    """:func:`coin_reward` on rank 0, 0 for every completion on rank 1: rank 1's groups all have advantage 0, so the
+    update leaves all its rows out and rank 1 only meets rank 0's collectives."""
+    scores = coin_reward(completions, **columns)
+    return [0.0] * len(scores) if rank() == 1 else scores
+
+
 def coin_reward_raising_on_rank_1(completions: list[str], **columns: Any) -> list[float]:
     """:func:`coin_reward`, except that it raises on rank 1 (each of rank 1's completions then scores 0 alone and is
     counted; the run goes on, and rank 0 must still print the failure, naming rank 1 and this function)."""

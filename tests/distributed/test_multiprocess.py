@@ -97,6 +97,11 @@ RUNS = {
     "fsdp2_chunked_dump": ["--strategy", "fsdp2", "--logprob-chunk-tokens", "5", "--gradient-checkpointing",
                            "--steps", "1", "--micro-batch-size", "3", "--dump"],
     "trainer_env_dps_replay": ["--env", "echo", "--callbacks", "dps,replay", "--steps", "4", "--ckpt-every", "2"],
+    # rank 1 with nothing to train: every one of its groups has advantage 0, so the update skips all its rows
+    "trainer_zero_rank1_dump": ["--reward", "tests.distributed.helpers.coin_reward_zero_on_rank_1", "--steps", "1",
+                                "--micro-batch-size", "3", "--dump"],
+    "fsdp2_zero_rank1_dump": ["--strategy", "fsdp2", "--reward", "tests.distributed.helpers.coin_reward_zero_on_rank_1",
+                              "--steps", "1", "--micro-batch-size", "3", "--dump"],
     "fsdp2_lora_seq_replay": ["--strategy", "fsdp2", "--lora", "--callbacks", "seq,replay", "--steps", "4",
                               "--micro-batch-size", "2"],
 }
@@ -243,8 +248,19 @@ def test_two_fsdp2_ranks_with_chunked_log_probs_compute_the_one_rank_full_logits
     _assert_one_rank_gradient(out, tolerance=1e-5)
 
 
+@pytest.mark.parametrize("name", ["trainer_zero_rank1_dump", "fsdp2_zero_rank1_dump"])
+def test_a_rank_whose_rows_all_teach_nothing_meets_the_collectives_and_the_gradient_is_every_rows(runs, name):
+    """Rank 1's groups all have advantage 0 (DDP; FSDP2, whose forwards gather parameters): it runs no real pass,
+    only the passes that meet rank 0's collectives, and the 2-rank gradient equals 1 rank's over the whole batch
+    computed without the skip (every row passed)."""
+    ranks, out = runs(name)
+    d1 = torch.load(out / "rank1.pt", weights_only=False)
+    assert float(d1["rollouts"].rewards.abs().sum()) == 0.0
+    _assert_one_rank_gradient(out, skip_zero_advantage=False)
+
+
 def _assert_one_rank_gradient(out: Path, loss: dict | None = None, ragged: bool = False,
-                              tolerance: float = 1e-6) -> None:
+                              tolerance: float = 1e-6, skip_zero_advantage: bool = True) -> None:
     from lit_rlft import GenerationConfig, GRPOLoss, GRPOModule, OptimConfig, Rollouts, TinyConfig
     from lit_rlft.core.advantages import group_advantages
     from lit_rlft.step.optim import adamw_with_warmup
@@ -256,7 +272,8 @@ def _assert_one_rank_gradient(out: Path, loss: dict | None = None, ragged: bool 
     assert tokens[0] != tokens[1], "equal token counts: the test could not tell a local from a global token mean"
     module = GRPOModule(model="tiny", tiny=TinyConfig(**TINY_SMALL), reward_funcs=["lit_rlft.rewards.countdown"],
                         generation=GenerationConfig(num_generations=4, max_completion_length=8),
-                        loss=GRPOLoss(**(loss or {})), optim=OptimConfig(learning_rate=1e-3, micro_batch_size=3))
+                        loss=GRPOLoss(**(loss or {})), optim=OptimConfig(learning_rate=1e-3, micro_batch_size=3,
+                                                                         skip_zero_advantage=skip_zero_advantage))
     module.configure_model()
     module.policy.load_state_dict(d0["before"], strict=False)  # the tied LM head is not a parameter of its own
     batch = Rollouts.concat([d0["rollouts"], d1["rollouts"]])

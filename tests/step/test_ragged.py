@@ -125,13 +125,13 @@ def _formula_grads(batch: Rollouts, loss_type: str) -> dict[str, torch.Tensor]:
 def test_each_aggregation_over_ragged_groups_is_its_formula_over_the_real_completions(loss_type):
     batch = ragged_batch()
     expected = _formula_grads(batch, loss_type)
-    got, seen, _ = _grads_and_rows(batch, loss_type)
-    assert sum(seen) == 9  # the 3 padding rows never reach the model
+    got, seen, _ = _grads_and_rows(batch, loss_type, skip_zero_advantage=False)
+    assert sum(seen) == 9  # the 3 padding rows never reach the model (nor, with the skip, group 1's one row)
     assert expected.keys() == got.keys()
     for name, g in expected.items():
         assert torch.allclose(got[name], g, rtol=1e-4, atol=1e-7), (loss_type, name)
     if loss_type != "bnpo":  # bnpo normalises each micro-batch by its own tokens, by definition
-        parts, seen, _ = _grads_and_rows(batch, loss_type, micro=2)
+        parts, seen, _ = _grads_and_rows(batch, loss_type, micro=2, skip_zero_advantage=False)
         assert sorted(seen) == [1, 2, 2, 2, 2]
         for name, g in expected.items():
             assert torch.allclose(parts[name], g, rtol=1e-4, atol=1e-7), (loss_type, name)
@@ -152,6 +152,6 @@ def test_more_mini_batches_than_real_rows_make_dummy_passes_and_keep_the_step_co
     narrow = _batch().regroup(torch.tensor([[0, -1], [3, 4]]), torch.arange(2))  # 3 real rows
     narrow.rewards = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
     narrow.correct = narrow.rewards >= 1
-    grads, seen, steps = _grads_and_rows(narrow, "grpo", mini=4)
+    grads, seen, steps = _grads_and_rows(narrow, "grpo", mini=4, skip_zero_advantage=False)
     assert steps == 4 and seen == [3, 1, 1, 1, 1]  # pi_old over the 3 rows, 3 mini-batches of one row, a dummy
     assert all(torch.isfinite(g).all() for g in grads.values())
