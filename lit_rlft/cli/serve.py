@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
+from lit_rlft.rollout.servers.launcher import check_exposure
 from lit_rlft.rollout.servers.weight_group import TOKEN_ENV
 
 #: What a missing vLLM is told to use (the CPU build lives in its own environment).
@@ -39,9 +40,12 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 usage="lit-rlft serve --model DIR [options] [-- extra vLLM args]")
     p.add_argument("--model", required=True, help="the HF model folder to serve")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: this machine only; any other needs an API key and a sync "
+                        "token)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=None, help="required on /v1 and /inference (or VLLM_API_KEY)")
+    p.add_argument("--api-key", default=None,
+                   help="required on every route but /health (or VLLM_API_KEY; the environment keeps it out of ps)")
     p.add_argument("--sync-token", default=None, help=f"the weight-sync secret (default: ${TOKEN_ENV})")
     p.add_argument("--sync-rendezvous", default=None, metavar="HOST:PORT",
                    help="join only this trainer rendezvous (default: any trainer with the token)")
@@ -64,15 +68,19 @@ def main(argv: list[str] | None = None) -> None:
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1:]
     args = parser().parse_args(argv)
+    token = args.sync_token or os.environ.get(TOKEN_ENV)
+    api_key = args.api_key or os.environ.get("VLLM_API_KEY")
+    try:
+        check_exposure(args.host, api_key, token)
+    except ValueError as e:
+        fail(str(e))
     if importlib.util.find_spec("vllm") is None:
         fail(VLLM_HINT.format(python=sys.executable))
     if not Path(args.model, "config.json").is_file():
         fail(f"--model: {args.model} is not an HF model folder (no config.json)")
     from lit_rlft.rollout.servers.launcher import ServerStartError, VLLMServer
 
-    token = args.sync_token or os.environ.get(TOKEN_ENV)
-    server = VLLMServer(args.model, host=args.host, port=args.port,
-                        api_key=args.api_key or os.environ.get("VLLM_API_KEY"), sync_token=token,
+    server = VLLMServer(args.model, host=args.host, port=args.port, api_key=api_key, sync_token=token,
                         sync_rendezvous=args.sync_rendezvous, dtype=args.dtype, max_model_len=args.max_model_len,
                         device=args.device, kv_cache_memory_bytes=args.kv_cache_memory_bytes, seed=args.seed,
                         lora_rank=args.lora_rank, cpu_threads_bind=args.cpu_threads_bind, extra_args=extra,

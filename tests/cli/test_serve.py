@@ -39,6 +39,23 @@ def test_serve_refuses_a_folder_that_is_not_a_model(tmp_path, capsys, monkeypatc
     assert capsys.readouterr().err.strip().endswith(f"--model: {tmp_path} is not an HF model folder (no config.json)")
 
 
+def test_serve_on_an_address_other_machines_reach_refuses_without_both_secrets(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    monkeypatch.delenv("LIT_RLFT_SYNC_TOKEN", raising=False)
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--model", str(tmp_path), "--host", "0.0.0.0", "--api-key", "k"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == ("lit-rlft serve: error: --host 0.0.0.0 is not a loopback address: every machine that reaches the "
+                   "port could generate, and call the weight-sync routes, so a server there needs a sync token "
+                   "(--sync-token or LIT_RLFT_SYNC_TOKEN)")
+    monkeypatch.setenv("LIT_RLFT_SYNC_TOKEN", "t")  # both given (one from the environment): on to the next check
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    with pytest.raises(SystemExit):
+        main(["serve", "--model", str(tmp_path), "--host", "0.0.0.0", "--api-key", "k"])
+    assert "is not an HF model folder" in capsys.readouterr().err
+
+
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAS_VLLM and not REQUIRED, reason="vLLM is not installed (make test-vllm)")
 def test_serve_starts_a_server_and_stops_it_on_ctrl_c(tmp_path):

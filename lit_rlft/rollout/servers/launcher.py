@@ -11,6 +11,7 @@ the launcher module is run instead)::
     python -m vllm.entrypoints.launchers.api_server.entry --model DIR --host 127.0.0.1 --port 8001 \\
         --dtype auto --seed 0 --enforce-eager --logprobs-mode processed_logprobs --generation-config vllm \\
         --enable-scale-out --worker-extension-cls lit_rlft.rollout.servers.vllm_extension.LitRLFTWorkerExtension \\
+        --middleware lit_rlft.rollout.servers.route_guard.RouteGuard \\
         --kv-cache-memory-bytes 134217728 --no-enable-chunked-prefill --max-num-batched-tokens 4096   # CPU
 
 What the flags are for:
@@ -26,9 +27,12 @@ What the flags are for:
   ``kv_cache_memory_bytes`` (``VLLM_CPU_KVCACHE_SPACE`` would override it, so it is removed from the environment);
   ``VLLM_CPU_OMP_THREADS_BIND`` per server (``cpu_threads_bind``: several servers on one machine would otherwise
   all bind the same cores);
+- ``--middleware ...RouteGuard`` (:mod:`~lit_rlft.rollout.servers.route_guard`): every route but ``/health``
+  behind the API key, the dev and RL routes that weight sync needs included (vLLM's ``--api-key`` guards only
+  ``/v1`` and ``/inference``), and ``/collective_rpc`` limited to lit_rlft's extension methods;
 - the secrets travel in the environment (``LIT_RLFT_SYNC_TOKEN``, ``VLLM_API_KEY``), not on the command line where
-  every local user's ``ps`` shows them; ``--host 127.0.0.1`` by default (vLLM's dev and RL routes, which weight
-  sync needs, are not guarded by ``--api-key``);
+  every local user's ``ps`` shows them; ``--host 127.0.0.1`` by default, and a server on any other address refuses
+  to start without both an API key and a sync token given (:func:`check_exposure`);
 - LoRA adapters pushed as adapters (``lora_rank``): ``--enable-lora --max-lora-rank R --max-loras 1`` and
   ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``.
 
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ipaddress
 import json
 import os
 import secrets
@@ -61,10 +66,12 @@ from lit_rlft.models.adapters import VLLM_LORA_RANKS
 from lit_rlft.rollout.servers.weight_group import RENDEZVOUS_ENV, TOKEN_ENV, parse_rendezvous
 from lit_rlft.runtime.processes import kill_group, watch_group
 
-__all__ = ["EXTENSION", "ServerStartError", "VLLMServer"]
+__all__ = ["EXTENSION", "GUARD", "ServerStartError", "VLLMServer", "check_exposure", "is_loopback"]
 
 #: The worker extension every server loads.
 EXTENSION = "lit_rlft.rollout.servers.vllm_extension.LitRLFTWorkerExtension"
+#: The ASGI middleware every server runs (every route behind the key).
+GUARD = "lit_rlft.rollout.servers.route_guard.RouteGuard"
 LAUNCHER = "vllm.entrypoints.launchers.api_server.entry"
 _CPU_BATCHED_TOKENS = 4096  # vLLM-CPU's own default, kept unless the model length needs more
 
@@ -73,15 +80,44 @@ class ServerStartError(RuntimeError):
     """A server that exited or did not answer ``/health`` in time; the message ends with its log's tail."""
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (``127.0.0.0/8``, ``::1``) or ``localhost``."""
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
+
+
+def check_exposure(host: str, api_key: str | None, sync_token: str | None) -> None:
+    """Refuse to serve on an address other machines can reach without both secrets.
+
+    Raises:
+        ValueError: ``host`` is not a loopback address and the API key or the sync token is missing (the message
+            names which, and how to give it).
+    """
+    if is_loopback(host):
+        return
+    missing = [what for what, value in (("an API key (--api-key or VLLM_API_KEY)", api_key),
+                                        (f"a sync token (--sync-token or {TOKEN_ENV})", sync_token)) if not value]
+    if missing:
+        raise ValueError(f"--host {host} is not a loopback address: every machine that reaches the port could "
+                         f"generate, and call the weight-sync routes, so a server there needs {' and '.join(missing)}")
+
+
 class VLLMServer:
     """One vLLM server process (see the module docstring).
 
     Args:
         model: the HF model folder to serve (e.g. written by ``lit_rlft.models.export.save_hf_checkpoint``).
-        host: the address to listen on (127.0.0.1: this machine only).
+        host: the address to listen on (127.0.0.1: this machine only; any other needs ``api_key`` and
+            ``sync_token``: :func:`check_exposure`).
         port: the port (0: a free one, chosen at :meth:`start`).
-        api_key: required on ``/v1`` and ``/inference`` (None: no key).
-        sync_token: the weight-sync secret (None: a random one, read it from :attr:`sync_token`).
+        api_key: required on every route but ``/health`` (:mod:`~lit_rlft.rollout.servers.route_guard`; None: no key,
+            on a loopback address only).
+        sync_token: the weight-sync secret (None: a random one, read it from :attr:`sync_token`; on a loopback
+            address only).
         sync_rendezvous: ``host:port``: the only rendezvous the server joins (None: any, with the token).
         dtype: vLLM's weight dtype (``auto``: the checkpoint's; float32 for log-probs that match a float32 trainer).
         max_model_len: longest prompt + completion (None: the model's).
@@ -118,6 +154,7 @@ class VLLMServer:
             raise ValueError(f"VLLMServer: max_model_len must be >= 2 or None, got {max_model_len}")
         if sync_rendezvous is not None:
             parse_rendezvous(sync_rendezvous)
+        check_exposure(host, api_key, sync_token)
         self.model = str(model)
         self.host, self.port, self.api_key = host, int(port), api_key
         #: the weight-sync secret the trainer's :class:`~lit_rlft.rollout.servers.weight_sync.WeightSync` needs
@@ -151,7 +188,8 @@ class VLLMServer:
         """The server's command line."""
         cmd = [self.python, "-m", LAUNCHER, "--model", self.model, "--host", self.host, "--port", str(self.port),
                "--dtype", self.dtype, "--seed", str(self.seed), "--logprobs-mode", "processed_logprobs",
-               "--generation-config", "vllm", "--enable-scale-out", "--worker-extension-cls", EXTENSION]
+               "--generation-config", "vllm", "--enable-scale-out", "--worker-extension-cls", EXTENSION,
+               "--middleware", GUARD]
         if self.max_model_len is not None:
             cmd += ["--max-model-len", str(self.max_model_len)]
         if self.device == "cpu":

@@ -28,7 +28,8 @@ Security: every call carries the shared token, checked against the server's ``LI
 ``hmac.compare_digest`` (no token in the environment: weight sync off); a server whose environment has
 ``LIT_RLFT_SYNC_RENDEZVOUS=host:port`` joins that rendezvous only, so nobody who reaches its port can push weights or
 point it at a store of theirs. vLLM's ``--api-key`` does not guard the dev and RL routes (``/collective_rpc``,
-``/pause``, ...): keep servers on 127.0.0.1 or a private network (``docs/servers.md``).
+``/pause``, ...): every server runs :class:`~lit_rlft.rollout.servers.route_guard.RouteGuard`, which puts every route
+but ``/health`` behind the key and lets ``/collective_rpc`` call only these methods (``docs/servers.md``).
 
 Loading: staged (:class:`~lit_rlft.rollout.servers.weight_group.WeightReceiver`: everything received before anything is
 loaded, so a failed transfer leaves the model as it was; streaming into the layerwise reload left the model on the

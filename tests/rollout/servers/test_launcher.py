@@ -33,6 +33,7 @@ def test_the_command_has_the_flags_lit_rlft_needs_and_keeps_secrets_off_it(tmp_p
     assert _flag(cmd, "--host") == "127.0.0.1" and _flag(cmd, "--port") == "8123" and server.url == \
         "http://127.0.0.1:8123"
     assert _flag(cmd, "--worker-extension-cls") == EXTENSION
+    assert _flag(cmd, "--middleware") == "lit_rlft.rollout.servers.route_guard.RouteGuard"  # every route keyed
     assert _flag(cmd, "--logprobs-mode") == "processed_logprobs" and "--enable-scale-out" in cmd
     assert {"--enforce-eager", "--no-enable-chunked-prefill"} <= set(cmd)
     assert _flag(cmd, "--max-num-batched-tokens") == "8192"  # a whole prompt of the model's length per step
@@ -53,6 +54,20 @@ def test_the_command_has_the_flags_lit_rlft_needs_and_keeps_secrets_off_it(tmp_p
 def test_bad_arguments_name_the_option(tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
         VLLMServer(tmp_path, **kwargs)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "gpu-node-7"])
+def test_a_server_other_machines_can_reach_needs_both_secrets(tmp_path, host):
+    with pytest.raises(ValueError, match=f"--host {host} is not a loopback address.*needs an API key \\(--api-key or "
+                                         "VLLM_API_KEY\\) and a sync token \\(--sync-token or LIT_RLFT_SYNC_TOKEN\\)"):
+        VLLMServer(tmp_path, host=host)
+    with pytest.raises(ValueError, match="needs a sync token"):
+        VLLMServer(tmp_path, host=host, api_key="key")
+    with pytest.raises(ValueError, match="needs an API key"):
+        VLLMServer(tmp_path, host=host, sync_token="tok")
+    assert VLLMServer(tmp_path, host=host, api_key="key", sync_token="tok").host == host
+    for loopback in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
+        assert VLLMServer(tmp_path, host=loopback).api_key is None  # this machine only: no secret needed
 
 
 def test_a_server_that_exits_or_never_answers_is_reported_with_its_log_and_stopped(tmp_path):

@@ -12,6 +12,7 @@ refused; and every socket the servers listen on is on 127.0.0.1.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
 import time
@@ -200,6 +201,40 @@ def test_a_wrong_token_is_refused_and_the_servers_listen_on_loopback_only(server
         listening = [c.laddr for p in [leader, *leader.children(recursive=True)]
                      for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
         assert listening and all(addr.ip in ("127.0.0.1", "::1") for addr in listening), listening
+
+
+def _status(url: str, path: str, key: str | None, body: dict | None = None, method: str = "POST") -> tuple[int, str]:
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key is not None else {})}
+    data = None if method == "GET" else json.dumps(body or {}).encode()
+    request = urllib.request.Request(f"{url}{path}", data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_every_route_of_the_server_but_health_needs_the_key(servers):
+    """Every path the pinned vLLM serves in development mode (its OpenAPI listing, read with the key: /collective_rpc,
+    /reset_prefix_cache, /sleep, /wake_up, /pause, ...) answers 401 without the key and with a wrong one, before
+    anything runs; /health stays open; /collective_rpc with the key runs only the extension's methods."""
+    url = servers["plain"].url
+    status, listing = _status(url, "/openapi.json", KEY, method="GET")
+    assert status == 200
+    paths = sorted(json.loads(listing)["paths"])
+    for dev in ("/collective_rpc", "/reset_prefix_cache", "/sleep", "/wake_up", "/pause", "/resume",
+                "/update_weight_version", "/server_info", "/v1/models", "/inference/v1/generate"):
+        assert dev in paths, (dev, paths)
+    for path in [p for p in paths if p != "/health"] + ["/openapi.json", "/docs", "/metrics"]:
+        for key in (None, "not-the-key"):
+            for method in ("GET", "POST"):
+                assert _status(url, path, key, method=method)[0] == 401, (path, key, method)
+    assert _status(url, "/health", None, method="GET")[0] == 200
+    assert _status(url, "/is_sleeping", KEY, method="GET") == (200, '{"is_sleeping":false}')  # /sleep never ran
+    for method in ("check_health", "get_kv_cache_spec"):
+        status, answer = _status(url, "/collective_rpc", KEY, {"method": method})
+        assert status == 403 and f"method '{method}' is not allowed" in answer, answer
+    assert servers["plain"].healthy()
 
 
 def test_a_sync_that_cannot_complete_ends_within_its_timeout_and_leaves_the_server_serving(servers):
