@@ -155,6 +155,9 @@ class VLLMServer:
         if sync_rendezvous is not None:
             parse_rendezvous(sync_rendezvous)
         check_exposure(host, api_key, sync_token)
+        if any(a == "--api-key" or str(a).startswith("--api-key=") for a in extra_args):
+            raise ValueError("VLLMServer: give the API key as api_key (lit-rlft serve --api-key), not to vLLM: it "
+                             "travels in the environment, where the route guard reads it for every route")
         self.model = str(model)
         self.host, self.port, self.api_key = host, int(port), api_key
         #: the weight-sync secret the trainer's :class:`~lit_rlft.rollout.servers.weight_sync.WeightSync` needs

@@ -50,7 +50,9 @@ def test_the_command_has_the_flags_lit_rlft_needs_and_keeps_secrets_off_it(tmp_p
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [({"device": "tpu"}, "device"), ({"lora_rank": 1000}, "lora_rank"),
-                                               ({"sync_rendezvous": "nohost"}, "host:port")])
+                                               ({"sync_rendezvous": "nohost"}, "host:port"),
+                                               ({"extra_args": ["--api-key", "k"]}, "give the API key as api_key"),
+                                               ({"extra_args": ["--api-key=k"]}, "give the API key as api_key")])
 def test_bad_arguments_name_the_option(tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
         VLLMServer(tmp_path, **kwargs)
