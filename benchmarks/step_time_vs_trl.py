@@ -48,6 +48,7 @@ import sys
 import tempfile
 import time
 import warnings
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -190,8 +191,6 @@ def mixed_reward(completions: list[str], nums: list[Any], target: list[Any], **c
     """A fixed share :data:`DEGENERATE` of the prompts (chosen by a hash of the problem, the same on both sides)
     always scores 0 or always 1, the rest coin flips (:func:`coin_reward`): about that share of the groups has no
     reward variance, as in a real run where most prompts are always or never solved, and the rest have some."""
-    import zlib
-
     coins = coin_reward(completions)
     out = []
     for c, n, t in zip(coins, nums, target):

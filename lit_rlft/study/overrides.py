@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import lit_rlft.callbacks
 from lit_rlft.study.strategies import Arm, ArmError, CallbackSpec, check_arguments, dataclass_argument
 
 __all__ = ["Override", "apply_overrides", "parse_override"]
@@ -93,8 +94,6 @@ def apply_overrides(arms: Mapping[str, Arm | None],
 
 def _check_target(o: Override, classes: list[type]) -> None:
     """Raise :class:`ArmError` unless ``o`` names a known callback class and an argument (and field) it takes."""
-    import lit_rlft.callbacks
-
     known = {cls.__name__: cls for cls in classes}
     cls = known.get(o.callback) or getattr(lit_rlft.callbacks, o.callback, None)
     if not isinstance(cls, type):

@@ -103,6 +103,8 @@ RUNS = {
     "fsdp2_zero_rank1_dump": ["--strategy", "fsdp2", "--reward", "tests.distributed.helpers.coin_reward_zero_on_rank_1",
                               "--steps", "1", "--micro-batch-size", "3", "--dump"],
     # every rank with nothing to train (the untrained policy never solves Countdown): no pass, zero gradients
+    "trainer_all_zero_dump": ["--reward", "lit_rlft.rewards.countdown_reward", "--steps", "2", "--micro-batch-size", "3",
+                              "--dump"],
     "fsdp2_all_zero_dump": ["--strategy", "fsdp2", "--reward", "lit_rlft.rewards.countdown_reward", "--steps", "2",
                             "--micro-batch-size", "3", "--dump"],
     "fsdp2_lora_seq_replay": ["--strategy", "fsdp2", "--lora", "--callbacks", "seq,replay", "--steps", "4",
@@ -262,10 +264,12 @@ def test_a_rank_whose_rows_all_teach_nothing_meets_the_collectives_and_the_gradi
     _assert_one_rank_gradient(out, skip_zero_advantage=False)
 
 
-def test_fsdp2_ranks_that_all_have_nothing_to_train_step_over_zero_gradients(runs):
-    """Every group on both ranks has advantage 0: no pass runs, the gradients are zeros on both ranks (sharded
-    DTensors), AdamW steps over them (its first step moves nothing) and the ranks still agree."""
-    ranks, out = runs("fsdp2_all_zero_dump")
+@pytest.mark.parametrize("name", ["trainer_all_zero_dump", "fsdp2_all_zero_dump"])
+def test_ranks_that_all_have_nothing_to_train_step_over_zero_gradients(runs, name):
+    """Every group on both ranks has advantage 0 (DDP; FSDP2, sharded DTensor gradients): no pass runs on either rank,
+    the gradients are zeros on both, AdamW steps over them (its first step moves nothing), the next step runs (no
+    collective left waiting) and the ranks still agree."""
+    ranks, out = runs(name)
     d0, d1 = (torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1))
     assert float(d0["rollouts"].rewards.abs().sum()) == float(d1["rollouts"].rewards.abs().sum()) == 0.0
     assert all(float(g.abs().sum()) == 0.0 for d in (d0, d1) for g in d["grads"].values())
