@@ -7,6 +7,7 @@ Trainer.
 """
 
 from lit_rlft.callbacks.allocation import AllocationCallback
+from lit_rlft.callbacks.auto import AutoShareCallback
 from lit_rlft.callbacks.base import RolloutHook
 from lit_rlft.callbacks.budget import RolloutBudgetStop
 from lit_rlft.callbacks.completions import CompletionLogger
@@ -26,7 +27,7 @@ from lit_rlft.callbacks.selection import SelectionCallback
 from lit_rlft.callbacks.sequential import SequentialSamplingCallback
 
 __all__ = [
-    "AllocationCallback", "BatchCompositionLogger", "CompletionLogger", "DOTSCallback", "DPSCallback", "DifficultyPredictorConfig",
+    "AllocationCallback", "AutoShareCallback", "BatchCompositionLogger", "CompletionLogger", "DOTSCallback", "DPSCallback", "DifficultyPredictorConfig",
     "DynamicSamplingCallback", "GRESOCallback", "HistoryResamplingCallback", "MoPPSCallback", "ReplayCallback",
     "RolloutBudgetStop", "RolloutHook", "ScreeningCallback", "SelectionCallback", "SequentialSamplingCallback",
     "SuccessRateRecorder", "UniformHandbackCallback",

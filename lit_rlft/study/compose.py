@@ -34,7 +34,8 @@ __all__ = ["ConfigError", "build_cli", "dropped_callbacks", "fingerprint", "load
 #: Callbacks of the user's config that the study removes from every run (class paths; subclasses included).
 REPLACED = (
     "lit_rlft.callbacks.SelectionCallback", "lit_rlft.callbacks.RolloutHook",
-    "lit_rlft.callbacks.UniformHandbackCallback", "lit_rlft.callbacks.RolloutBudgetStop",
+    "lit_rlft.callbacks.UniformHandbackCallback", "lit_rlft.callbacks.AutoShareCallback",
+    "lit_rlft.callbacks.RolloutBudgetStop",
     "lightning.pytorch.callbacks.ModelCheckpoint", "lightning.pytorch.callbacks.EarlyStopping",
 )
 #: Trainer keys the study sets or removes (``None``: removed, the Trainer's default applies).

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from lit_rlft.callbacks import (
+    AutoShareCallback,
     BatchCompositionLogger,
     CompletionLogger,
     RolloutHook,
@@ -33,6 +34,7 @@ STRATEGIES: tuple[str, ...] = (
     "uniform", "dynamic_sampling", "history", "dots", "dots_replay", "dps", "dps_c8", "dps_replay", "dps_cold_start",
     "mopps", "greso", "screening", "sequential", "allocation_dps", "allocation_mopps", "allocation_dots",
     "allocation_dps_cold", "dps_content_prior", "allocation_dots_broad", "dps_c8_handback",
+    "auto", "auto_dps_c8",
 )
 
 #: Where the shipped strategies' overlays live (the source checkout's ``configs/study``).
@@ -112,7 +114,7 @@ def public_path(cls: type) -> str:
 
 def is_strategy_callback(cls: type) -> bool:
     """Whether callbacks of ``cls`` choose the next batch or reshape the rolled-out one: what makes an arm."""
-    return issubclass(cls, (SelectionCallback, RolloutHook, UniformHandbackCallback))
+    return issubclass(cls, (SelectionCallback, RolloutHook, UniformHandbackCallback, AutoShareCallback))
 
 
 def _config_value(value: Any) -> Any:

@@ -59,7 +59,7 @@ SERIES_TAGS = ("effective_ratio", "reward", "time/step_s", "time/generation_s", 
                "dps/cold_start_reference_pearson", "frac_reward_zero_std", "completions/mean_length",
                "completions/clipped_ratio")
 SERIES_PREFIXES = ("replay/", "dynamic_sampling/", "budget/completions_", "composition/", "greso/", "mopps/",
-                   "screening/", "sequential/", "allocation/", "handback/", "rewards/")
+                   "screening/", "sequential/", "allocation/", "handback/", "auto/", "rewards/")
 
 
 class StudyError(ValueError):

@@ -1,0 +1,206 @@
+"""How much of each batch a selector should pick: an online controller of the selected share (Lightning-free).
+
+Each step's batch is split in two: a share ``s`` picked by a selector (DPS, MoPPS, GRESO, DOTS, ...) and the rest
+drawn uniformly from the pool, the *control slice*. Both slices are trained on; the control slice is also the
+measurement: a uniform sample of the pool under the current policy, which is what a uniform run would have trained
+on at this step. After each step the controller compares the two slices' value per completion and moves ``s``
+towards the slice that is worth more:
+
+- **Informative share** ``e``: the share of a slice's groups whose rewards differ (GRPO's gradient comes only from
+  them). Selection pays by raising it; it is estimated per slice from exponentially discounted counts with a
+  Laplace prior, ``e = (I + 1) / (N + 2)`` (``I`` informative groups of ``N``, discounted by ``1 - 1 / horizon``
+  per step), so a slice with no evidence counts 1/2.
+- **Coverage** ``D``: the pool's share the selected slice effectively trains on, ``1 / (S * q)``, ``q`` the collision
+  probability of the selector's recent draws (the chance that two of them are the same prompt: ``1 / S`` for
+  uniform draws over ``S`` prompts), from the discounted draw counts ``c`` with the unbiased pair estimate
+  ``q = (sum c^2 - sum w^2) / ((sum w)^2 - sum w^2)``, ``w`` the draws' discount weights; capped at 1. A selector
+  that repeats a few prompts has a small ``D``: its informative completions are on the same prompts again and
+  again, which the policy then fits (the training reward rises, held-out accuracy does not).
+- The **ratio** ``R = e_sel * D / e_ctrl``: informative, non-repeated completions per completion of the selected
+  slice over the control slice's (whose coverage is uniform's, 1). ``R > 1``: the selector's completions teach
+  more than uniform's; ``R < 1``: they do not.
+
+The share moves in logit space, ``logit(s) += rate * clip(log R, -log 2, log 2)``, bounded to
+``[min_selected, 1 - min_control]``: bounded steps, no threshold in passes or steps. Both slices keep a share, so
+both stay measured (the selector's probe can earn its share back; the control slice never stops measuring).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lit_rlft.selection.base import check_num_prompts, check_version, validate_num_prompts
+
+__all__ = ["ShareController", "ShareSignal", "split_batch"]
+
+_LOG2 = math.log(2.0)
+
+
+@dataclass(frozen=True)
+class ShareSignal:
+    """What the controller measured after a step and the share it chose.
+
+    Attributes:
+        share: the selected share of the next batch, in ``[min_selected, 1 - min_control]``.
+        ratio: ``R = informative_selected * coverage / informative_control`` (the signal).
+        informative_selected: ``e_sel``, the selected slice's discounted informative share.
+        informative_control: ``e_ctrl``, the control slice's.
+        coverage: ``D``, the pool's share the selector's recent draws cover (1 = uniform's).
+    """
+
+    share: float
+    ratio: float
+    informative_selected: float
+    informative_control: float
+    coverage: float
+
+    def metrics(self, prefix: str) -> dict[str, float]:
+        return {f"{prefix}/share": self.share, f"{prefix}/signal": self.ratio,
+                f"{prefix}/informative_selected": self.informative_selected,
+                f"{prefix}/informative_control": self.informative_control, f"{prefix}/coverage": self.coverage}
+
+
+class ShareController:
+    """The selected share of each batch, moved online by the selected and control slices' value per completion.
+
+    Args:
+        num_prompts: ``S``, the pool size.
+        initial_share: the share before any evidence.
+        min_selected: the least share the selector keeps (its probe, so it can earn its share back).
+        min_control: the least share drawn uniformly (the measurement never stops).
+        rate: logit change per unit of ``log R`` per step.
+        horizon: steps of the discounted counts (each step's counts decay by ``1 - 1 / horizon``).
+    """
+
+    def __init__(self, num_prompts: int, initial_share: float = 0.5, min_selected: float = 0.125,
+                 min_control: float = 0.25, rate: float = 0.25, horizon: float = 32.0):
+        self.num_prompts = validate_num_prompts(num_prompts)
+        if not 0.0 < min_selected < 1.0 or not 0.0 < min_control < 1.0 or min_selected + min_control >= 1.0:
+            raise ValueError("`min_selected` and `min_control` must lie in (0, 1) with min_selected + min_control "
+                             f"< 1, got min_selected={min_selected}, min_control={min_control}")
+        if not min_selected <= initial_share <= 1.0 - min_control:
+            raise ValueError(f"`initial_share` must lie in [min_selected, 1 - min_control] = [{min_selected}, "
+                             f"{1.0 - min_control}], got {initial_share}")
+        if not rate > 0.0:
+            raise ValueError(f"`rate` must be > 0, got {rate}")
+        if not horizon >= 1.0:
+            raise ValueError(f"`horizon` must be >= 1 step, got {horizon}")
+        self.min_selected, self.min_control = float(min_selected), float(min_control)
+        self.rate, self.horizon = float(rate), float(horizon)
+        self.decay = 1.0 - 1.0 / self.horizon
+        self.logit = _logit(float(initial_share))
+        self.informative = np.zeros(2)  # discounted informative groups: [selected, control]
+        self.groups = np.zeros(2)  # discounted groups: [selected, control]
+        self.counts = np.zeros(self.num_prompts)  # c: discounted draws of each prompt by the selected slice
+        self.weight = 0.0  # sum w over the selected draws
+        self.weight_sq = 0.0  # sum w^2 over the selected draws
+        self.last: ShareSignal | None = None
+
+    @property
+    def share(self) -> float:
+        """The selected share of the next batch."""
+        return _sigmoid(self.logit)
+
+    def informative_shares(self) -> tuple[float, float]:
+        """``(e_sel, e_ctrl)``: the discounted informative shares with their Laplace prior."""
+        e = (self.informative + 1.0) / (self.groups + 2.0)
+        return float(e[0]), float(e[1])
+
+    def coverage(self) -> float:
+        """``D = min(1, 1 / (S q))``: 1 until two of the selected draws fall on the same prompt."""
+        pairs = self.weight ** 2 - self.weight_sq
+        if pairs <= 1e-12:
+            return 1.0
+        q = (float(np.dot(self.counts, self.counts)) - self.weight_sq) / pairs
+        return 1.0 if q <= 0.0 else min(1.0, 1.0 / (self.num_prompts * q))
+
+    def observe(self, selected_ids: np.ndarray, selected_rates: np.ndarray, control_rates: np.ndarray) -> ShareSignal:
+        """Take one step's outcomes and move the share.
+
+        Args:
+            selected_ids: ``[n_sel]`` int64 ids of the selected slice's prompts (distinct).
+            selected_rates: ``[n_sel]`` their groups' success rates (or mean rewards).
+            control_rates: ``[n_ctrl]`` the control slice's.
+            A group is informative when its rate lies strictly between 0 and 1 (its rewards differ).
+
+        Returns:
+            The signal and the new share (also kept as :attr:`last`).
+        """
+        ids = np.asarray(selected_ids, dtype=np.int64).reshape(-1)
+        sel = np.asarray(selected_rates, dtype=np.float64).reshape(-1)
+        ctrl = np.asarray(control_rates, dtype=np.float64).reshape(-1)
+        if ids.shape != sel.shape:
+            raise ValueError(f"got {ids.size} selected ids but {sel.size} selected rates")
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_prompts):
+            raise ValueError(f"prompt ids must lie in [0, {self.num_prompts - 1}], got [{ids.min()}, {ids.max()}]")
+        d = self.decay
+        self.informative = d * self.informative + [_informative(sel), _informative(ctrl)]
+        self.groups = d * self.groups + [sel.size, ctrl.size]
+        self.counts *= d
+        np.add.at(self.counts, ids, 1.0)
+        self.weight = d * self.weight + ids.size
+        self.weight_sq = d * d * self.weight_sq + ids.size
+        e_sel, e_ctrl = self.informative_shares()
+        coverage = self.coverage()
+        ratio = e_sel * coverage / e_ctrl
+        step = self.rate * min(_LOG2, max(-_LOG2, math.log(ratio)))
+        self.logit = min(_logit(1.0 - self.min_control), max(_logit(self.min_selected), self.logit + step))
+        self.last = ShareSignal(self.share, ratio, e_sel, e_ctrl, coverage)
+        return self.last
+
+    # -- checkpointing ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": 1, "num_prompts": self.num_prompts, "logit": self.logit,
+                "informative": self.informative.copy(), "groups": self.groups.copy(), "counts": self.counts.copy(),
+                "weight": self.weight, "weight_sq": self.weight_sq}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_version(state, 1, "ShareController")
+        check_num_prompts(state, self.num_prompts, "ShareController")
+        self.logit = float(state["logit"])
+        self.informative = np.asarray(state["informative"], dtype=np.float64).copy()
+        self.groups = np.asarray(state["groups"], dtype=np.float64).copy()
+        self.counts = np.asarray(state["counts"], dtype=np.float64).copy()
+        self.weight, self.weight_sq = float(state["weight"]), float(state["weight_sq"])
+
+
+def split_batch(selected: np.ndarray, share: float, rng: np.random.Generator,
+                draw_uniform: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Keep ``round(share * B)`` of the selector's batch ``[B]`` and fill the rest with uniform draws.
+
+    Args:
+        selected: the selector's batch ``[B]`` (distinct ids, best first or in any order).
+        share: the selected share in ``[0, 1]``.
+        rng: chooses which of the selector's ids are kept.
+        draw_uniform: ``(n, used) -> ids [<= n]``: the next ids of the uniform order not in ``used``
+            (:meth:`lit_rlft.data.plan.BatchPlan.draw_unused`).
+
+    Returns:
+        ``(kept [k], control [B - k])``: the selector's kept ids (in their order) and the uniform draws. When the
+        uniform order has fewer unused ids than asked (a tiny pool), the selector's ids fill the rest, as kept.
+    """
+    selected = np.asarray(selected, dtype=np.int64)
+    keep = int(round(share * selected.size))
+    order = rng.permutation(selected.size)
+    kept, dropped = selected[np.sort(order[:keep])], selected[np.sort(order[keep:])]
+    control = np.asarray(draw_uniform(selected.size - keep, set(kept.tolist())), dtype=np.int64)
+    short = selected.size - keep - control.size
+    if short > 0:
+        kept = np.concatenate([kept, dropped[:short]])
+    return kept, control
+
+
+def _informative(rates: np.ndarray) -> float:
+    return float(np.count_nonzero((rates > 0.0) & (rates < 1.0)))
+
+
+def _logit(p: float) -> float:
+    return math.log(p / (1.0 - p))
+
+
+def _sigmoid(z: float) -> float:
+    return 1.0 / (1.0 + math.exp(-z))
