@@ -11,6 +11,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lit_rlft.callbacks import (
     AllocationCallback,
+    AutoShareCallback,
     DOTSCallback,
     DPSCallback,
     DynamicSamplingCallback,
@@ -99,10 +100,13 @@ def _dots(tmp_path):
                   ReplayCallback(delta=0.5, capacity=8)],
      lambda tmp: [SequentialSamplingCallback(1, 2, 5), DPSCallback(), ReplayCallback(delta=0.5, capacity=8)],
      lambda tmp: [AllocationCallback(1, 6, budget_ratio=1.25, granularity=1, min_gain=0.0), MoPPSCallback(),
-                  ReplayCallback(delta=0.5, capacity=8)]],
+                  ReplayCallback(delta=0.5, capacity=8)],
+     lambda tmp: [MoPPSCallback(candidate_ratio=4), AutoShareCallback(rate=1.0)],
+     lambda tmp: [DPSCallback(), AutoShareCallback(rate=1.0, seed=2), ReplayCallback(delta=0.5, capacity=8)]],
     ids=["dps", "history", "dots", "dps+replay", "dps-candidates", "mopps", "greso", "dynamic-sampling", "replay",
          "dps+dynamic-sampling", "dots+replay", "dots+dynamic-sampling", "screening", "screening+dps+replay",
-         "sequential+dps+replay", "allocation+mopps+replay"],
+         "sequential+dps+replay", "allocation+mopps+replay", "mopps+auto",
+         "dps+auto+replay"],
 )
 def test_resume_selects_exactly_what_the_uninterrupted_run_selects(tmp_path, make):
     full, full_module = _fit(tmp_path / "full", make(tmp_path), steps=6)

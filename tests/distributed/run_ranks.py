@@ -137,6 +137,7 @@ SELECTION = {"DPSCallback", "DOTSCallback", "ReplayCallback", "DynamicSamplingCa
 def make_callbacks(names: list[str], out: Path) -> list[L.Callback]:
     from lit_rlft.callbacks import (
         AllocationCallback,
+        AutoShareCallback,
         DOTSCallback,
         DPSCallback,
         DynamicSamplingCallback,
@@ -155,6 +156,7 @@ def make_callbacks(names: list[str], out: Path) -> list[L.Callback]:
         "alloc": lambda: AllocationCallback(min_generations=1, max_generations=6, budget_ratio=1.25, granularity=1,
                                             min_gain=0.0),
         "seq": lambda: SequentialSamplingCallback(initial_generations=1, round_generations=1, max_generations=4),
+        "auto": lambda: AutoShareCallback(rate=1.0),
         "drift": PlanDrift,
     }
     return [made[n]() for n in names if n]

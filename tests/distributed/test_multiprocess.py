@@ -109,6 +109,10 @@ RUNS = {
                             "--micro-batch-size", "3", "--dump"],
     "fsdp2_lora_seq_replay": ["--strategy", "fsdp2", "--lora", "--callbacks", "seq,replay", "--steps", "4",
                               "--micro-batch-size", "2"],
+    # auto: the selector's share of each batch moved by what the ranks' gathered groups show (one step off too)
+    "trainer_dps_auto_replay": ["--callbacks", "dps,auto,replay", "--steps", "4"],
+    "fsdp2_lora_async_dps_auto": ["--strategy", "fsdp2", "--lora", "--callbacks", "dps,auto", "--steps", "4",
+                                  "--async-depth", "1"],
 }
 
 
@@ -156,7 +160,8 @@ def test_two_ranks_hold_identical_state_and_train_disjoint_halves(runs, name):
 
 @pytest.mark.parametrize("name", ["trainer_dps_replay_ds", "trainer_async_dps_replay_ds", "fabric_async_dots",
                                   "fsdp2_lora_async", "trainer_screen_dps_replay", "trainer_async_screen_dps",
-                                  "trainer_seq_dps_replay", "fsdp2_lora_seq_replay", "trainer_alloc_dps_replay"])
+                                  "trainer_seq_dps_replay", "fsdp2_lora_seq_replay", "trainer_alloc_dps_replay",
+                                  "trainer_dps_auto_replay", "fsdp2_lora_async_dps_auto"])
 def test_two_ranks_agree_and_the_rows_they_train_are_the_record_and_never_in_flight(runs, name):
     """The plan, every callback's state and the parameters stay equal on both ranks; what the ranks train together
     is exactly the record's trained batch (dynamic sampling after replay: the kept groups fetched from the rank that

@@ -1,0 +1,99 @@
+"""AutoShareCallback on a selector, through the step context only (the fake context of test_context_only): the
+split of each planned batch, the slices it observes, the completions it charges, and its order in the list."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lit_rlft.callbacks import AutoShareCallback, DPSCallback, MoPPSCallback
+from lit_rlft.callbacks.base import StepCallback
+from tests.callbacks.test_context_only import G, FakeContext, _drive
+
+
+def test_each_batch_is_the_selectors_share_and_a_uniform_control_slice(tmp_path):
+    ctx = FakeContext(tmp_path)
+    auto = AutoShareCallback(initial_share=0.5, min_selected=0.25, rate=1.0)
+    splits: dict[int, tuple[list[int], list[int], float]] = {}  # step -> (kept, control, share when split)
+    split = auto._split
+
+    def spy(ctx_, step):
+        share = auto.controller.share
+        split(ctx_, step)
+        kept, control = auto.planned[step]
+        splits[step] = (kept.tolist(), control.tolist(), share)
+
+    auto._split = spy
+    observed: list[tuple[list[int], int]] = []
+    observe = None
+
+    def watch(ctx_):
+        nonlocal observe
+        observe = auto.controller.observe
+
+        def spy_observe(ids, sel, ctrl):
+            observed.append((sorted(ids.tolist()), len(ctrl)))
+            return observe(ids, sel, ctrl)
+
+        auto.controller.observe = spy_observe
+
+    outs = _drive(ctx, [MoPPSCallback(candidate_ratio=2), auto, _After(watch)], steps=6)
+    shares = [h["auto/share"] for h in ctx.history if "auto/share" in h]
+    assert len(shares) == 6 and len(set(shares)) > 1  # the coin-flip rewards move it
+    for t, out in enumerate(outs):  # step t trains the batch split for it: kept + control, the split's share kept
+        kept, control, share = splits[t]
+        assert out.record.prompt_ids.tolist() == kept + control
+        assert len(kept) == round(share * 4) and not set(kept) & set(control)
+    for t in range(1, 6):  # the slices the controller saw are the ones planned (step 0 was split before the spy)
+        assert observed[t - 1] == (sorted(splits[t][0]), len(splits[t][1]))
+    assert 6 in splits and ctx.data.plan.scheduled.tolist() == splits[6][0] + splits[6][1]
+
+
+class _After(StepCallback):
+    """Runs ``hook(ctx)`` once, at the end of the first step (after the callbacks before it)."""
+
+    def __init__(self, hook):
+        self.hook, self.done = hook, False
+
+    def after_step(self, ctx, output):
+        if not self.done:
+            self.hook(ctx)
+            self.done = True
+
+
+def test_it_spends_no_completion_beyond_the_batch_and_counts_the_control_slices(tmp_path):
+    alone = FakeContext(tmp_path)
+    _drive(alone, [DPSCallback(candidate_ratio=2)], steps=6)
+    ctx = FakeContext(tmp_path)
+    auto = AutoShareCallback()
+    _drive(ctx, [DPSCallback(candidate_ratio=2), auto], steps=6)
+    assert ctx.budget.completions == alone.budget.completions
+    # initial share 1/2 of B = 4: 2 control groups of G completions at each step, while the share stays near 1/2
+    controls = [h for h in ctx.history if "auto/control_completions" in h]
+    assert controls[0]["auto/control_completions"] == 2 * G
+    assert auto.control_completions == ctx.logged["auto/control_completions"]
+    assert 0 < auto.control_completions < ctx.budget.completions
+
+
+def test_it_must_come_after_the_selector(tmp_path):
+    with pytest.raises(ValueError, match="must come after a selection callback"):
+        _drive(FakeContext(tmp_path), [AutoShareCallback(), DPSCallback()], steps=1)
+    with pytest.raises(ValueError, match="must come after a selection callback"):
+        _drive(FakeContext(tmp_path), [AutoShareCallback()], steps=1)
+    with pytest.raises(ValueError, match="initial_share"):
+        AutoShareCallback(initial_share=0.95)
+
+
+def test_its_state_resumes_the_same_split(tmp_path):
+    ctx = FakeContext(tmp_path)
+    cb = AutoShareCallback(rate=1.0, seed=1)
+    _drive(ctx, [DPSCallback(candidate_ratio=2), cb], steps=3)
+    restored = AutoShareCallback(rate=1.0, seed=1)
+    restored.load_state_dict(cb.state_dict())
+    restored.setup_step(ctx)
+    assert restored.controller.share == cb.controller.share
+    assert restored.control_completions == cb.control_completions
+    assert {k: [a.tolist() for a in v] for k, v in restored.planned.items()} == \
+        {k: [a.tolist() for a in v] for k, v in cb.planned.items()}
+    np.testing.assert_array_equal(restored.controller.counts, cb.controller.counts)
+    assert cb.rng.permutation(8).tolist() == restored.rng.permutation(8).tolist()
