@@ -7,9 +7,11 @@ slices' fresh groups are compared (informative share, and the selector's coverag
 towards the slice that taught more per completion. The selector still observes every trained group, the control
 slice's included, so its beliefs keep up with prompts it did not pick.
 
-Nothing is rolled out for measurement alone: the control slice is trained on like the rest of the batch, so its
-completions are the run's training completions (``budget/completions``); ``auto/control_completions`` counts them.
-The decision is made from the step's gathered record and the plan, both the same on every rank, with the
+The control slice is trained on like the rest of the batch: its completions are training completions
+(``auto/control_completions`` counts them). What is rolled out for measurement alone is the held-back probe: a fixed
+set of pool prompts (``holdout``, at most 1/16 of the pool) that is never trained on, rolled out every ``probe_every``
+steps; those completions are charged to the run's budget under ``auto`` (``budget/completions_auto``), so a budgeted
+run trains on fewer completions by as many. The decision is made from the step's gathered record and the plan, both the same on every rank, with the
 callback's own seeded generator: every rank splits the batch identically.
 """
 
@@ -22,7 +24,7 @@ import numpy as np
 from lit_rlft.callbacks.base import StepCallback
 from lit_rlft.callbacks.selection import SelectionCallback
 from lit_rlft.core.state import decode_state, encode_state
-from lit_rlft.selection.auto import ShareController, split_batch
+from lit_rlft.selection.auto import ShareController, Transfer, split_batch
 from lit_rlft.step.context import StepContext, StepOutput
 
 
@@ -35,20 +37,31 @@ class AutoShareCallback(StepCallback):
         min_control: the least share drawn uniformly (the measurement never stops).
         rate: how fast the share moves (logit change per unit of ``log`` of the signal, per step).
         horizon: steps over which the slices' outcomes are discounted (by ``1 - 1 / horizon`` per step).
-        seed: chooses which of the selector's prompts are kept.
+        holdout: prompts of the pool held back from training to measure transfer (at most 1/16 of the pool).
+        probe_every: steps between two rollouts of the held-back prompts (the first before the first step).
+        seed: chooses the held-back prompts and which of the selector's prompts are kept.
 
     Logs after every step ``auto/share`` (of the next batch), ``auto/signal`` (the ratio ``R`` of the selected
     slice's value per completion over the control slice's), ``auto/informative_selected``,
-    ``auto/informative_control``, ``auto/coverage`` and ``auto/control_completions`` (cumulative).
+    ``auto/informative_control``, ``auto/transfer``, ``auto/coverage``, ``auto/control_completions`` (cumulative)
+    and, after each probe, ``auto/held_back_success``.
     """
 
     name = "auto"
 
     def __init__(self, initial_share: float = 0.5, min_selected: float = 0.125, min_control: float = 0.25,
-                 rate: float = 0.25, horizon: float = 32.0, seed: int = 0):
+                 rate: float = 0.25, horizon: float = 32.0, holdout: int = 32, probe_every: int = 10,
+                 seed: int = 0):
         ShareController(1, initial_share, min_selected, min_control, rate, horizon)  # validate now
+        if int(holdout) != holdout or holdout < 1:
+            raise ValueError(f"`holdout` must be an integer >= 1 (prompts held back), got {holdout!r}")
+        if int(probe_every) != probe_every or probe_every < 1:
+            raise ValueError(f"`probe_every` must be an integer >= 1 (steps), got {probe_every!r}")
         self.initial_share, self.min_selected, self.min_control = initial_share, min_selected, min_control
         self.rate, self.horizon, self.seed = rate, horizon, seed
+        self.holdout, self.probe_every = int(holdout), int(probe_every)
+        self.held = np.zeros(0, dtype=np.int64)  # the held-back prompts (chosen in setup_step)
+        self.transfer = Transfer()
         self.rng = np.random.default_rng(seed)
         self.controller: ShareController | None = None
         self.planned: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # step -> (selected ids, control ids)
@@ -59,7 +72,7 @@ class AutoShareCallback(StepCallback):
     def state_key(self) -> str:
         return self._generate_state_key(initial_share=self.initial_share, min_selected=self.min_selected,
                                         min_control=self.min_control, rate=self.rate, horizon=self.horizon,
-                                        seed=self.seed)
+                                        holdout=self.holdout, probe_every=self.probe_every, seed=self.seed)
 
     def setup_step(self, ctx: StepContext) -> None:
         if getattr(ctx.data, "plan", None) is None:
@@ -72,13 +85,21 @@ class AutoShareCallback(StepCallback):
                              "splits the batch the selector planned); got the order "
                              f"{[type(cb).__name__ for cb in callbacks]}")
         if self.controller is None:
-            self.controller = ShareController(len(ctx.data.train_pool), self.initial_share, self.min_selected,
-                                              self.min_control, self.rate, self.horizon)
+            size = len(ctx.data.train_pool)
+            n = min(self.holdout, size // 16)
+            if n < 1:
+                raise ValueError(f"AutoShareCallback holds back up to 1/16 of the pool to measure transfer; a pool of "
+                                 f"{size} prompts is too small (need 16 or more)")
+            self.controller = ShareController(size, self.initial_share, self.min_selected, self.min_control,
+                                              self.rate, self.horizon)
+            self.held = np.sort(self.rng.choice(size, size=n, replace=False)).astype(np.int64)
         if self._pending_state is not None:
             self._load(self._pending_state)
             self._pending_state = None
 
     def before_first_step(self, ctx: StepContext) -> None:
+        if not self.transfer.probes:  # a fresh run (a resumed one restored its probes)
+            self._probe(ctx, ctx.rollout_step)
         self._split(ctx, ctx.rollout_step + ctx.async_depth)
 
     def after_step(self, ctx: StepContext, output: StepOutput) -> None:
@@ -89,23 +110,44 @@ class AutoShareCallback(StepCallback):
             ids = fresh.prompt_ids.numpy()
             rates = fresh.success_rates.numpy().astype(np.float64)
             selected, control = np.isin(ids, planned[0]), np.isin(ids, planned[1])
-            signal = self.controller.observe(ids[selected], rates[selected], rates[control])
+            self.transfer.add_pool(ctx.rollout_step - 1, float(rates[control].mean()) if control.any() else 0.0,
+                                   int(control.sum()))
+            signal = self.controller.observe(ids[selected], rates[selected], rates[control], self.transfer.value)
             sizes = fresh.member_mask().sum(1).numpy()
             self.control_completions += int(sizes[control].sum())
             metrics.update(signal.metrics(self.name))
         else:
             metrics[f"{self.name}/share"] = self.controller.share
-        if not ctx.ends_after_this_step():  # nothing is planned after the last step
+        if not ctx.ends_after_this_step():  # nothing is planned (nor measured) after the last step
+            if ctx.rollout_step % self.probe_every == 0:  # the held-back success under the policy step t + 1 trains
+                metrics[f"{self.name}/held_back_success"] = self._probe(ctx, ctx.rollout_step)
             self._split(ctx, ctx.rollout_step + ctx.async_depth)
         metrics[f"{self.name}/control_completions"] = float(self.control_completions)
         ctx.log(metrics)
 
+    def _probe(self, ctx: StepContext, step: int) -> float:
+        """Roll out the held-back prompts under the current policy (charged as ``auto``); their mean success."""
+        success = float(np.mean(ctx.success_rates(self.held, purpose=self.name)))
+        self.transfer.add_probe(step, success)
+        return success
+
     def _split(self, ctx: StepContext, step: int) -> None:
-        """Keep the controller's share of the batch the selector planned for ``step``; draw the rest uniformly."""
+        """Keep the controller's share of the batch the selector planned for ``step``; draw the rest uniformly;
+        never a held-back prompt."""
         plan = ctx.data.plan
         if plan.scheduled is None:
             return
-        kept, control = split_batch(plan.scheduled, self.controller.share, self.rng, plan.draw_unused)
+        held = set(self.held.tolist())
+        selected = np.array([i for i in plan.scheduled.tolist() if i not in held], dtype=np.int64)
+        share = self.controller.share * plan.scheduled.size / max(selected.size, 1)
+
+        def draw(n: int, used: set[int]) -> np.ndarray:
+            return plan.draw_unused(n, used | held)
+
+        kept, control = split_batch(selected, min(1.0, share), self.rng, draw)
+        short = plan.scheduled.size - kept.size - control.size
+        if short > 0:  # held-back prompts left the selector's batch: uniform draws take their places
+            control = np.concatenate([control, draw(short, set(kept.tolist()) | set(control.tolist()))])
         by = plan.scheduled_by or "scheduled"
         plan.schedule(np.concatenate([kept, control]), by=f"{by}+{self.name}")
         self.planned[step] = (kept, control)
@@ -116,6 +158,7 @@ class AutoShareCallback(StepCallback):
             return {}
         planned = {str(step): {"selected": sel, "control": ctrl} for step, (sel, ctrl) in self.planned.items()}
         return encode_state({"version": 1, "controller": self.controller.state_dict(), "planned": planned,
+                             "held": self.held, "transfer": self.transfer.state_dict(),
                              "control_completions": self.control_completions, "rng": self.rng.bit_generator.state})
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -132,4 +175,6 @@ class AutoShareCallback(StepCallback):
         self.planned = {int(step): (np.asarray(p["selected"], dtype=np.int64), np.asarray(p["control"], dtype=np.int64))
                         for step, p in state["planned"].items()}
         self.control_completions = int(state["control_completions"])
+        self.held = np.asarray(state["held"], dtype=np.int64)
+        self.transfer.load_state_dict(state["transfer"])
         self.rng.bit_generator.state = state["rng"]

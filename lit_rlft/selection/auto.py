@@ -3,26 +3,30 @@
 Each step's batch is split in two: a share ``s`` picked by a selector (DPS, MoPPS, GRESO, DOTS, ...) and the rest
 drawn uniformly from the pool, the *control slice*. Both slices are trained on; the control slice is also the
 measurement: a uniform sample of the pool under the current policy, which is what a uniform run would have trained
-on at this step. After each step the controller compares the two slices' value per completion and moves ``s``
+on at this step. After each step the controller compares what a completion of each slice is worth and moves ``s``
 towards the slice that is worth more:
 
 - **Informative share** ``e``: the share of a slice's groups whose rewards differ (GRPO's gradient comes only from
   them). Selection pays by raising it; it is estimated per slice from exponentially discounted counts with a
   Laplace prior, ``e = (I + 1) / (N + 2)`` (``I`` informative groups of ``N``, discounted by ``1 - 1 / horizon``
   per step), so a slice with no evidence counts 1/2.
-- **Coverage** ``D``: the pool's share the selected slice effectively trains on, ``1 / (S * q)``, ``q`` the collision
-  probability of the selector's recent draws (the chance that two of them are the same prompt: ``1 / S`` for
-  uniform draws over ``S`` prompts), from the discounted draw counts ``c`` with the unbiased pair estimate
-  ``q = (sum c^2 - sum w^2) / ((sum w)^2 - sum w^2)``, ``w`` the draws' discount weights; capped at 1. A selector
-  that repeats a few prompts has a small ``D``: its informative completions are on the same prompts again and
-  again, which the policy then fits (the training reward rises, held-out accuracy does not).
-- The **ratio** ``R = e_sel * D / e_ctrl``: informative, non-repeated completions per completion of the selected
-  slice over the control slice's (whose coverage is uniform's, 1). ``R > 1``: the selector's completions teach
-  more than uniform's; ``R < 1``: they do not.
+- **Transfer** ``tau`` (:class:`Transfer`): how much of what the policy gains on the prompts it trains on it also
+  gains on prompts it never trains on, ``slope(held-back success) / slope(trained-pool success)`` over the run,
+  clipped to ``[0, 1]``: a held-back slice of the pool probed now and then against the control slice's success.
+  Selection concentrates the update on the prompts it picks; once the policy fits what it trains on faster than it
+  generalises (``tau`` falls: the training reward rises, held-out accuracy does not), the extra signal the selector
+  finds goes into memorising them.
+- The **signal** ``R = tau * e_sel / e_ctrl``: the selected slice's informative completions per completion, counted
+  as far as learning transfers, over the control slice's. ``R > 1``: the selector's completions teach more than
+  uniform's; ``R < 1``: they do not.
 
 The share moves in logit space, ``logit(s) += rate * clip(log R, -log 2, log 2)``, bounded to
 ``[min_selected, 1 - min_control]``: bounded steps, no threshold in passes or steps. Both slices keep a share, so
 both stay measured (the selector's probe can earn its share back; the control slice never stops measuring).
+
+The controller also reports the selector's **coverage** ``D = 1 / (S q)``, ``q`` the collision probability of its
+recent draws (``1 / S`` for uniform draws over ``S`` prompts): how concentrated the selector is (a diagnostic; the
+decision does not use it).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import numpy as np
 
 from lit_rlft.selection.base import check_num_prompts, check_version, validate_num_prompts
 
-__all__ = ["ShareController", "ShareSignal", "split_batch"]
+__all__ = ["ShareController", "ShareSignal", "Transfer", "split_batch"]
 
 _LOG2 = math.log(2.0)
 
@@ -46,22 +50,25 @@ class ShareSignal:
 
     Attributes:
         share: the selected share of the next batch, in ``[min_selected, 1 - min_control]``.
-        ratio: ``R = informative_selected * coverage / informative_control`` (the signal).
+        ratio: ``R = transfer * informative_selected / informative_control`` (the signal).
         informative_selected: ``e_sel``, the selected slice's discounted informative share.
         informative_control: ``e_ctrl``, the control slice's.
-        coverage: ``D``, the pool's share the selector's recent draws cover (1 = uniform's).
+        transfer: ``tau`` in ``[0, 1]`` (1 until it is measured).
+        coverage: ``D``, the pool's share the selector's recent draws cover (1 = uniform's; a diagnostic).
     """
 
     share: float
     ratio: float
     informative_selected: float
     informative_control: float
+    transfer: float
     coverage: float
 
     def metrics(self, prefix: str) -> dict[str, float]:
         return {f"{prefix}/share": self.share, f"{prefix}/signal": self.ratio,
                 f"{prefix}/informative_selected": self.informative_selected,
-                f"{prefix}/informative_control": self.informative_control, f"{prefix}/coverage": self.coverage}
+                f"{prefix}/informative_control": self.informative_control, f"{prefix}/transfer": self.transfer,
+                f"{prefix}/coverage": self.coverage}
 
 
 class ShareController:
@@ -118,14 +125,16 @@ class ShareController:
         q = (float(np.dot(self.counts, self.counts)) - self.weight_sq) / pairs
         return 1.0 if q <= 0.0 else min(1.0, 1.0 / (self.num_prompts * q))
 
-    def observe(self, selected_ids: np.ndarray, selected_rates: np.ndarray, control_rates: np.ndarray) -> ShareSignal:
+    def observe(self, selected_ids: np.ndarray, selected_rates: np.ndarray, control_rates: np.ndarray,
+                transfer: float = 1.0) -> ShareSignal:
         """Take one step's outcomes and move the share.
 
         Args:
             selected_ids: ``[n_sel]`` int64 ids of the selected slice's prompts (distinct).
-            selected_rates: ``[n_sel]`` their groups' success rates (or mean rewards).
+            selected_rates: ``[n_sel]`` their groups' success rates.
             control_rates: ``[n_ctrl]`` the control slice's.
             A group is informative when its rate lies strictly between 0 and 1 (its rewards differ).
+            transfer: ``tau`` in ``[0, 1]`` (:attr:`Transfer.value`).
 
         Returns:
             The signal and the new share (also kept as :attr:`last`).
@@ -145,11 +154,13 @@ class ShareController:
         self.weight = d * self.weight + ids.size
         self.weight_sq = d * d * self.weight_sq + ids.size
         e_sel, e_ctrl = self.informative_shares()
+        if not 0.0 <= transfer <= 1.0:
+            raise ValueError(f"`transfer` must lie in [0, 1], got {transfer}")
         coverage = self.coverage()
-        ratio = e_sel * coverage / e_ctrl
+        ratio = max(transfer * e_sel / e_ctrl, 1e-6)
         step = self.rate * min(_LOG2, max(-_LOG2, math.log(ratio)))
         self.logit = min(_logit(1.0 - self.min_control), max(_logit(self.min_selected), self.logit + step))
-        self.last = ShareSignal(self.share, ratio, e_sel, e_ctrl, coverage)
+        self.last = ShareSignal(self.share, ratio, e_sel, e_ctrl, float(transfer), coverage)
         return self.last
 
     # -- checkpointing ------------------------------------------------------------------------------------
@@ -166,6 +177,55 @@ class ShareController:
         self.groups = np.asarray(state["groups"], dtype=np.float64).copy()
         self.counts = np.asarray(state["counts"], dtype=np.float64).copy()
         self.weight, self.weight_sq = float(state["weight"]), float(state["weight_sq"])
+
+
+class Transfer:
+    """``tau``: the slope of the held-back prompts' success over the slope of the trained pool's, both over the run.
+
+    The held-back success is probed now and then (:meth:`add_probe`: a fixed set of pool prompts that is never
+    trained on, rolled out under the current policy); the trained pool's comes free from the control slice (a
+    uniform sample of the pool: :meth:`add_pool`, one mean success per step). Each slope is the least-squares slope
+    against the step; ``tau = clip(slope_held / slope_pool, 0, 1)``, 1 while either has fewer than ``min_points``
+    points or the pool's success is not rising (nothing learned, so nothing that fails to transfer).
+    """
+
+    def __init__(self, min_points: int = 3):
+        self.min_points = int(min_points)
+        self.probes: list[tuple[float, float]] = []  # (step, held-back success)
+        self.pool: list[tuple[float, float, float]] = []  # (step, control slice success, groups)
+
+    def add_probe(self, step: int, success: float) -> None:
+        self.probes.append((float(step), float(success)))
+
+    def add_pool(self, step: int, success: float, groups: int) -> None:
+        if groups > 0:
+            self.pool.append((float(step), float(success), float(groups)))
+
+    @property
+    def value(self) -> float:
+        if len(self.probes) < self.min_points or len(self.pool) < self.min_points:
+            return 1.0
+        held = _slope(np.array(self.probes)[:, 0], np.array(self.probes)[:, 1])
+        pool = np.array(self.pool)
+        trained = _slope(pool[:, 0], pool[:, 1], pool[:, 2])
+        if not trained > 0.0:
+            return 1.0
+        return float(min(1.0, max(0.0, held / trained)))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"probes": [list(p) for p in self.probes], "pool": [list(p) for p in self.pool]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.probes = [tuple(float(v) for v in p) for p in state["probes"]]
+        self.pool = [tuple(float(v) for v in p) for p in state["pool"]]
+
+
+def _slope(x: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> float:
+    """Weighted least-squares slope of ``y`` on ``x`` (0 when ``x`` does not vary)."""
+    w = np.ones_like(x) if w is None else w
+    xm, ym = np.average(x, weights=w), np.average(y, weights=w)
+    var = float(np.sum(w * (x - xm) ** 2))
+    return 0.0 if var <= 0.0 else float(np.sum(w * (x - xm) * (y - ym)) / var)
 
 
 def split_batch(selected: np.ndarray, share: float, rng: np.random.Generator,
