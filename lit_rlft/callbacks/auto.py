@@ -142,7 +142,7 @@ class AutoShareCallback(StepCallback):
         share = self.controller.share * plan.scheduled.size / max(selected.size, 1)
 
         def draw(n: int, used: set[int]) -> np.ndarray:
-            return plan.draw_unused(n, used | held)
+            return plan.draw_unused(n, used | held) if n > 0 else np.zeros(0, dtype=np.int64)
 
         kept, control = split_batch(selected, min(1.0, share), self.rng, draw)
         short = plan.scheduled.size - kept.size - control.size

@@ -247,8 +247,10 @@ def split_batch(selected: np.ndarray, share: float, rng: np.random.Generator,
     keep = int(round(share * selected.size))
     order = rng.permutation(selected.size)
     kept, dropped = selected[np.sort(order[:keep])], selected[np.sort(order[keep:])]
-    control = np.asarray(draw_uniform(selected.size - keep, set(kept.tolist())), dtype=np.int64)
-    short = selected.size - keep - control.size
+    need = selected.size - keep
+    control = (np.asarray(draw_uniform(need, set(kept.tolist())), dtype=np.int64) if need > 0
+               else np.zeros(0, dtype=np.int64))
+    short = need - control.size
     if short > 0:
         kept = np.concatenate([kept, dropped[:short]])
     return kept, control

@@ -8,18 +8,23 @@ import math
 import numpy as np
 import pytest
 
-from lit_rlft.selection.auto import ShareController, split_batch
+from lit_rlft.selection.auto import ShareController, Transfer, split_batch
 
 
 def test_first_step_signal_by_hand():
     c = ShareController(num_prompts=10, initial_share=0.5, rate=0.5, horizon=2.0)
     # selected: rates 0.5, 0.25, 1.0 -> 2 informative of 3; control: 0.0, 0.5 -> 1 of 2
-    s = c.observe(np.array([0, 1, 2]), np.array([0.5, 0.25, 1.0]), np.array([0.0, 0.5]))
+    s = c.observe(np.array([0, 1, 2]), np.array([0.5, 0.25, 1.0]), np.array([0.0, 0.5]), transfer=0.75)
     assert s.informative_selected == pytest.approx((2 + 1) / (3 + 2))
     assert s.informative_control == pytest.approx((1 + 1) / (2 + 2))
     assert s.coverage == 1.0  # no prompt drawn twice
-    assert s.ratio == pytest.approx(0.6 / 0.5)
-    assert s.share == pytest.approx(1 / (1 + math.exp(-0.5 * math.log(1.2))))
+    assert s.transfer == 0.75
+    assert s.ratio == pytest.approx(0.75 * 0.6 / 0.5)
+    assert s.share == pytest.approx(1 / (1 + math.exp(-0.5 * math.log(0.9))))
+    # a step later: counts discounted by 1 - 1/horizon = 0.5 before the new ones are added
+    s = c.observe(np.array([3]), np.array([0.5]), np.array([0.0]))
+    assert s.informative_selected == pytest.approx((2 * 0.5 + 1 + 1) / (3 * 0.5 + 1 + 2))
+    assert s.informative_control == pytest.approx((1 * 0.5 + 0 + 1) / (2 * 0.5 + 1 + 2))
 
 
 def test_coverage_is_the_pool_share_of_the_selectors_draws():
@@ -43,16 +48,18 @@ def test_uniform_draws_have_coverage_near_one():
     assert c.coverage() > 0.9
 
 
-def _stream(c: ShareController, steps: int, p_sel: float, p_ctrl: float, focus: int, rng, batch: int = 32) -> list[float]:
+def _stream(c: ShareController, steps: int, p_sel: float, p_ctrl: float, focus: int, rng, batch: int = 32,
+            transfer: float = 1.0) -> list[float]:
     """Made-up reward streams: each selected group is informative with probability ``p_sel`` and drawn from the
-    ``focus`` prompts the selector favours; control groups are informative with probability ``p_ctrl``."""
+    ``focus`` prompts the selector favours; control groups are informative with probability ``p_ctrl``; the
+    learning transfers as ``transfer`` says."""
     shares = []
     for _ in range(steps):
         k = int(round(c.share * batch))
         ids = rng.choice(focus, size=k, replace=False)
         sel = np.where(rng.random(k) < p_sel, 0.5, 0.0)
         ctrl = np.where(rng.random(batch - k) < p_ctrl, 0.5, 1.0)
-        shares.append(c.observe(ids, sel, ctrl).share)
+        shares.append(c.observe(ids, sel, ctrl, transfer).share)
     return shares
 
 
@@ -64,12 +71,14 @@ def test_the_share_rises_where_selection_pays():
     assert shares[20] > 0.6
 
 
-def test_the_share_falls_where_selection_repeats_a_few_prompts():
-    # as informative as before, but on 40 prompts of 1000 again and again: the policy fits them
+def test_the_share_falls_where_what_the_policy_learns_does_not_transfer():
+    # as informative as before, but the policy fits the prompts it trains on: a third of its gain holds on
+    # held-back prompts (the selector's twice as informative groups are worth 2/3 of uniform's)
     c = ShareController(num_prompts=1000)
-    shares = _stream(c, 150, p_sel=0.5, p_ctrl=0.25, focus=40, rng=np.random.default_rng(1))
+    shares = _stream(c, 150, p_sel=0.5, p_ctrl=0.25, focus=40, rng=np.random.default_rng(1), transfer=1 / 3)
     assert shares[-1] == pytest.approx(0.125)  # min_selected
-    assert c.last.coverage < 0.1
+    assert shares[40] < 0.3
+    assert c.last.coverage < 0.1  # the diagnostic sees the 40 prompts
 
 
 def test_the_share_falls_where_the_selectors_groups_teach_no_more_than_uniforms():
@@ -82,8 +91,40 @@ def test_the_share_turns_when_the_regime_does():
     c = ShareController(num_prompts=1000)
     rng = np.random.default_rng(3)
     up = _stream(c, 60, p_sel=0.5, p_ctrl=0.25, focus=1000, rng=rng)
-    down = _stream(c, 120, p_sel=0.28, p_ctrl=0.28, focus=100, rng=rng)
+    down = _stream(c, 120, p_sel=0.5, p_ctrl=0.25, focus=100, rng=rng, transfer=0.3)
     assert up[-1] > 0.7 and down[-1] < 0.2
+
+
+def test_transfer_is_the_slope_ratio_of_held_back_over_trained_success():
+    t = Transfer(min_points=3)
+    for step, held in [(0, 0.10), (10, 0.12), (20, 0.14)]:
+        t.add_probe(step, held)
+    t.add_pool(0, 0.20, 8)
+    t.add_pool(1, 0.21, 8)
+    assert t.value == 1.0  # two pool points: not yet measured
+    t.add_pool(2, 0.22, 8)
+    # pool slope 0.01 per step, held-back slope 0.002 per step
+    assert t.value == pytest.approx(0.2)
+    t.add_pool(3, 0.26, 24)  # weighted by groups: slope of (0,.2,8),(1,.21,8),(2,.22,8),(3,.26,24)
+    x, y, w = np.array([0, 1, 2, 3.]), np.array([0.2, 0.21, 0.22, 0.26]), np.array([8, 8, 8, 24.])
+    xm, ym = np.average(x, weights=w), np.average(y, weights=w)
+    slope = np.sum(w * (x - xm) * (y - ym)) / np.sum(w * (x - xm) ** 2)
+    assert slope > 0 and t.value == pytest.approx(min(1.0, 0.002 / slope))
+    t.add_pool(4, 0.5, 8)  # the pool rises fast, the held-back prompts do not follow
+    assert 0.0 < t.value < 0.2
+    t.add_probe(30, 0.0)  # held-back success falling: no transfer
+    assert t.value == 0.0
+    u = Transfer()
+    u.load_state_dict(t.state_dict())
+    assert u.value == t.value
+
+
+def test_no_transfer_is_measured_while_the_pool_does_not_improve():
+    t = Transfer(min_points=2)
+    for step in range(5):
+        t.add_probe(step, 0.1 + 0.01 * step)
+        t.add_pool(step, 0.3, 8)
+    assert t.value == 1.0
 
 
 def test_state_round_trip_continues_identically():
@@ -109,6 +150,8 @@ def test_bad_settings_are_refused():
         ShareController(10, horizon=0.5)
     with pytest.raises(ValueError, match="prompt ids"):
         ShareController(10).observe(np.array([10]), np.array([0.5]), np.array([0.5]))
+    with pytest.raises(ValueError, match="transfer"):
+        ShareController(10).observe(np.array([1]), np.array([0.5]), np.array([0.5]), transfer=1.5)
 
 
 def test_split_batch_keeps_the_share_and_draws_the_rest_uniformly():
