@@ -8,7 +8,7 @@ import pytest
 
 from lit_rlft.callbacks import AutoShareCallback, DPSCallback, MoPPSCallback
 from lit_rlft.callbacks.base import StepCallback
-from tests.callbacks.test_context_only import G, FakeContext, _drive
+from tests.callbacks.test_context_only import FakeContext, G, _drive
 
 
 def test_each_batch_is_the_selectors_share_and_a_uniform_control_slice(tmp_path):
@@ -31,9 +31,9 @@ def test_each_batch_is_the_selectors_share_and_a_uniform_control_slice(tmp_path)
         nonlocal observe
         observe = auto.controller.observe
 
-        def spy_observe(ids, sel, ctrl):
+        def spy_observe(ids, sel, ctrl, transfer):
             observed.append((sorted(ids.tolist()), len(ctrl)))
-            return observe(ids, sel, ctrl)
+            return observe(ids, sel, ctrl, transfer)
 
         auto.controller.observe = spy_observe
 
@@ -61,18 +61,35 @@ class _After(StepCallback):
             self.done = True
 
 
-def test_it_spends_no_completion_beyond_the_batch_and_counts_the_control_slices(tmp_path):
+def test_it_charges_its_probes_to_the_budget_and_counts_the_control_slices(tmp_path):
     alone = FakeContext(tmp_path)
     _drive(alone, [DPSCallback(candidate_ratio=2)], steps=6)
     ctx = FakeContext(tmp_path)
-    auto = AutoShareCallback()
+    auto = AutoShareCallback(probe_every=2)
     _drive(ctx, [DPSCallback(candidate_ratio=2), auto], steps=6)
-    assert ctx.budget.completions == alone.budget.completions
-    # initial share 1/2 of B = 4: 2 control groups of G completions at each step, while the share stays near 1/2
+    # pool 48: 3 held-back prompts (1/16), probed before step 0 and after steps 2, 4 and 6
+    assert auto.held.size == 3 and len(auto.transfer.probes) == 4
+    assert ctx.budget.by_purpose["auto"] == 4 * 3 * G
+    assert ctx.budget.completions == alone.budget.completions + 4 * 3 * G
+    assert len([h for h in ctx.history if "auto/held_back_success" in h]) == 3
+    # initial share 1/2 of B = 4: 2 control groups of G completions at the first step
     controls = [h for h in ctx.history if "auto/control_completions" in h]
     assert controls[0]["auto/control_completions"] == 2 * G
     assert auto.control_completions == ctx.logged["auto/control_completions"]
-    assert 0 < auto.control_completions < ctx.budget.completions
+    assert 0 < auto.control_completions < ctx.budget.by_purpose["train"]
+
+
+def test_the_held_back_prompts_are_never_trained(tmp_path):
+    ctx = FakeContext(tmp_path)
+    auto = AutoShareCallback(holdout=3, seed=5)
+    mopps = MoPPSCallback(candidate_ratio=2)
+    outs = _drive(ctx, [mopps, auto], steps=30)  # 120 groups over a pool of 48: every other prompt is trained
+    trained = {i for o in outs[1:] for i in o.record.prompt_ids.tolist()}
+    held = set(auto.held.tolist())
+    assert not trained & held
+    assert len(trained) >= 40  # the rest of the pool was trained on
+    # the selector proposed held-back prompts (it never observed them): they were replaced, not trained
+    assert all(len(o.record.prompt_ids) == 4 for o in outs)
 
 
 def test_it_must_come_after_the_selector(tmp_path):
@@ -82,6 +99,10 @@ def test_it_must_come_after_the_selector(tmp_path):
         _drive(FakeContext(tmp_path), [AutoShareCallback()], steps=1)
     with pytest.raises(ValueError, match="initial_share"):
         AutoShareCallback(initial_share=0.95)
+    with pytest.raises(ValueError, match="holdout"):
+        AutoShareCallback(holdout=0)
+    with pytest.raises(ValueError, match="probe_every"):
+        AutoShareCallback(probe_every=0)
 
 
 def test_its_state_resumes_the_same_split(tmp_path):
@@ -93,6 +114,7 @@ def test_its_state_resumes_the_same_split(tmp_path):
     restored.setup_step(ctx)
     assert restored.controller.share == cb.controller.share
     assert restored.control_completions == cb.control_completions
+    assert restored.held.tolist() == cb.held.tolist() and restored.transfer.probes == cb.transfer.probes
     assert {k: [a.tolist() for a in v] for k, v in restored.planned.items()} == \
         {k: [a.tolist() for a in v] for k, v in cb.planned.items()}
     np.testing.assert_array_equal(restored.controller.counts, cb.controller.counts)
