@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.study import auto as auto_study
 from benchmarks.study.config import StudyConfig
 from benchmarks.study.passes import block as passes_block, policy_lines
 from benchmarks.study.recorded import STUDY_JSON, load_study
@@ -182,7 +183,8 @@ def extra_blocks() -> dict[str, Callable[[], list[str]]]:
     """Blocks built from their own records, not from ``docs/results/study.json``: the saving against passes and
     by policy size (:mod:`benchmarks.study.passes`), the time-to-TRL tables (:data:`TIME_TO_TRL`) and the product
     studies (:data:`PRODUCT_STUDIES`) and the demo's tables (:data:`DEMO_REPORTS`)."""
-    out: dict[str, Callable[[], list[str]]] = {"saving-vs-passes": passes_block, "policy-size": policy_lines}
+    out: dict[str, Callable[[], list[str]]] = {"saving-vs-passes": passes_block, "policy-size": policy_lines,
+                                               "auto-pass-map": auto_study.block}
     for name, path in DEMO_REPORTS.items():
         out[name] = lambda p=path: demo_lines(p)
     for name, path in TIME_TO_TRL.items():
@@ -253,6 +255,10 @@ def check(study_path: Path = STUDY_JSON, results_md: Path = RESULTS_MD, tables_m
     for path in PRODUCT_STUDIES.values():
         recorded = read_json(path) or {}
         problems += settings_problems(recorded.get("runs", []), recorded.get("settings", {}).get("overrides", []),
+                                      path.name)
+    for path in sorted(auto_study.AUTO_DIR.glob("*.json")):  # auto's pass map (python -m benchmarks.study.auto)
+        recorded = read_json(path) or {}
+        problems += settings_problems(recorded.get("runs", []), recorded.get("config", {}).get("overrides", []),
                                       path.name)
     text = results_md.read_text(encoding="utf-8")
     expected = render(text, blocks(cfg, study))
