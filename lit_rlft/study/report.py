@@ -300,6 +300,26 @@ def _figures_lines(figures: list[str]) -> list[str]:
     return [line for f in figures for line in (f"![{f}]({f})", "")]
 
 
+def auto_rows(runs: list[dict[str, Any]], arms: list[str]) -> list[str]:
+    """What every arm with :class:`~lit_rlft.callbacks.AutoShareCallback` decided, per seed: its selected share (mean
+    over the run, at the end), the transfer it measured at the end, and its held-back probe's completions (of the
+    run's). Empty when no arm has it."""
+    rows = []
+    for r in sorted(runs, key=lambda r: (arms.index(r["strategy"]) if r["strategy"] in arms else len(arms), r["seed"])):
+        share = [v for _, v in (r.get("series") or {}).get("auto/share") or []]
+        if not share or r.get("status") != "ok":
+            continue
+        transfer = [v for _, v in (r.get("series") or {}).get("auto/transfer") or []]
+        budget = r.get("budget") or {}
+        probe = (budget.get("by_purpose") or {}).get("auto", 0)
+        rows.append([r["strategy"], str(r["seed"]), f"{sum(share) / len(share):.2f}", f"{share[-1]:.2f}",
+                     f"{transfer[-1]:.2f}" if transfer else "-",
+                     f"{probe:,} ({probe / budget['completions']:.1%})" if budget.get("completions") else "-"])
+    if not rows:
+        return []
+    return table(["arm", "seed", "mean share selected", "final share", "final transfer", "probe completions"], rows)
+
+
 def study_markdown(study: dict[str, Any], figures: list[str] | None = None) -> str:
     """``report.md`` of a study (``study.json``'s content)."""
 
@@ -361,6 +381,13 @@ def study_markdown(study: dict[str, Any], figures: list[str] | None = None) -> s
                   "What the evaluations measured besides the target: pass@k, the mean reward (every reward function, "
                   "weighted, so a format reward shows here), the accuracy per difficulty, the training-pool reward.",
                   "", *held, ""]
+    decided = auto_rows(study["runs"], arms)
+    if decided:
+        lines += ["## What `auto` decided", "",
+                  "The share of each batch the selector picked (the rest a uniform control slice), the transfer it "
+                  "measured (held-back success slope over the trained pool's), and the completions its held-back "
+                  "probe spent, charged to the budget. Per step: `auto/*` in each run's TensorBoard.", "",
+                  *decided, ""]
     lines += ["## What each arm ran", "",
               "Every constructor argument of every callback, as the runs recorded it (file locations left out; a "
               "callback's `seed` is the run's seed). Each run's full config is `arms/<arm>-seed<s>/config.yaml`, "

@@ -68,3 +68,15 @@ def test_the_block_and_the_figure(recorded, tmp_path):
     assert any(line.startswith("| skewed 1,000 | 4.8 | auto | 3 |") for line in block)
     assert auto.plot(recorded, tmp_path / "fig.png").stat().st_size > 10_000
     assert auto.block(tmp_path / "empty")[0].startswith("No study of `auto` is recorded yet")
+
+
+def test_the_study_report_says_what_auto_decided_per_seed():
+    from lit_rlft.study.report import auto_rows
+
+    runs = [_run("auto", 1000, 1, 0.3, 0.1, share=[0.5, 0.75, 0.7], probe=3840),
+            _run("auto", 1000, 0, 0.3, 0.1, share=[0.5, 0.25], probe=3840),
+            _run("uniform", 1000, 0, 0.3, 0.1)]
+    rows = auto_rows(runs, ["uniform", "auto"])
+    assert rows[2:] == ["| auto | 0 | 0.38 | 0.25 | 0.50 | 3,840 (10.0%) |",
+                        "| auto | 1 | 0.65 | 0.70 | 0.50 | 3,840 (10.0%) |"]
+    assert auto_rows(runs[2:], ["uniform"]) == []
