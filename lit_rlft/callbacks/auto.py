@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from lit_rlft.callbacks.base import StepCallback
-from lit_rlft.callbacks.selection import SelectionCallback
+from lit_rlft.callbacks.selection import require_after_selector
 from lit_rlft.core.state import decode_state, encode_state
 from lit_rlft.selection.auto import ShareController, Transfer, split_batch
 from lit_rlft.step.context import StepContext, StepOutput
@@ -75,15 +75,7 @@ class AutoShareCallback(StepCallback):
                                         holdout=self.holdout, probe_every=self.probe_every, seed=self.seed)
 
     def setup_step(self, ctx: StepContext) -> None:
-        if getattr(ctx.data, "plan", None) is None:
-            raise RuntimeError("AutoShareCallback needs a PromptDataModule with a training pool")
-        callbacks = list(ctx.callbacks)
-        mine = next((i for i, cb in enumerate(callbacks) if cb is self), None)
-        selectors = [i for i, cb in enumerate(callbacks) if isinstance(cb, SelectionCallback)]
-        if mine is not None and (not selectors or max(selectors) > mine):
-            raise ValueError("AutoShareCallback must come after a selection callback in the callbacks list (it "
-                             "splits the batch the selector planned); got the order "
-                             f"{[type(cb).__name__ for cb in callbacks]}")
+        require_after_selector(ctx, self, "splits the batch the selector planned")
         if self.controller is None:
             size = len(ctx.data.train_pool)
             n = min(self.holdout, size // 16)

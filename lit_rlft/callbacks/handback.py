@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from lit_rlft.callbacks.base import StepCallback
-from lit_rlft.callbacks.selection import SelectionCallback
+from lit_rlft.callbacks.selection import require_after_selector
 from lit_rlft.core.state import decode_state, encode_state
 from lit_rlft.selection.handback import hand_back, handback_share
 from lit_rlft.step.context import StepContext, StepOutput
@@ -48,16 +48,8 @@ class UniformHandbackCallback(StepCallback):
         return self.draws / self.pool_size if self.pool_size else 0.0
 
     def setup_step(self, ctx: StepContext) -> None:
-        if getattr(ctx.data, "plan", None) is None:
-            raise RuntimeError("UniformHandbackCallback needs a PromptDataModule with a training pool")
+        require_after_selector(ctx, self, "reshapes the batch the selector planned")
         self.pool_size = len(ctx.data.train_pool)
-        callbacks = list(ctx.callbacks)
-        mine = next((i for i, cb in enumerate(callbacks) if cb is self), None)
-        selectors = [i for i, cb in enumerate(callbacks) if isinstance(cb, SelectionCallback)]
-        if mine is not None and (not selectors or max(selectors) > mine):
-            raise ValueError("UniformHandbackCallback must come after a selection callback in the callbacks list "
-                             "(it reshapes the batch the selector planned); got the order "
-                             f"{[type(cb).__name__ for cb in callbacks]}")
 
     def before_first_step(self, ctx: StepContext) -> None:
         self._hand_back(ctx)

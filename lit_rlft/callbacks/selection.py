@@ -124,3 +124,17 @@ class SelectionCallback(StepCallback):
         self.strategy.load_state_dict(state["strategy"])
         if "rng" in state:
             self.rng.bit_generator.state = state["rng"]
+
+
+def require_after_selector(ctx: StepContext, callback: StepCallback, does: str) -> None:
+    """Raise unless ``callback`` (when it is among ``ctx.callbacks``) comes after every selection callback there,
+    and ``ctx.data`` has a batch plan. ``does`` says what it does to the selector's batch, for the message."""
+    name = type(callback).__name__
+    if getattr(ctx.data, "plan", None) is None:
+        raise RuntimeError(f"{name} needs a PromptDataModule with a training pool")
+    callbacks = list(ctx.callbacks)
+    mine = next((i for i, cb in enumerate(callbacks) if cb is callback), None)
+    selectors = [i for i, cb in enumerate(callbacks) if isinstance(cb, SelectionCallback)]
+    if mine is not None and (not selectors or max(selectors) > mine):
+        raise ValueError(f"{name} must come after a selection callback in the callbacks list (it {does}); got the "
+                         f"order {[type(cb).__name__ for cb in callbacks]}")
