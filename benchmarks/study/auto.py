@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.study.config import StudyConfig
-from benchmarks.study.passes import _diff, at_marks_lines, composition_lines, settings, table_lines
+from benchmarks.study.passes import at_marks_lines, composition_lines, diff_cell, settings, table_lines
 from lit_rlft.records.jsonio import read_json
 from lit_rlft.study.stats import mean_interval
 
@@ -42,13 +42,13 @@ AUTO, SELECTORS, HANDBACK = "auto", ("mopps", "dps_c8"), "dps_c8_handback"
 def add(study_json: Path, directory: Path = AUTO_DIR) -> list[Path]:
     """Record a finished ``python -m benchmarks.study`` (``<out>/study.json``) as one file per pool size,
     ``<composition>_pool<size>.json`` in ``directory``."""
-    from benchmarks.study.passes import _recorded_policy, composition
+    from benchmarks.study.passes import composition, recorded_policy
 
     study = read_json(study_json)
     if study is None or "config" not in study or "runs" not in study:
         raise FileNotFoundError(f"{study_json}: not a finished study's study.json")
     cfg = StudyConfig.from_dict(study["config"])
-    policy = _recorded_policy(cfg, str(study.get("warm_start", "")))
+    policy = recorded_policy(cfg, str(study.get("warm_start", "")))
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
     for size in cfg.pool_sizes:
@@ -126,10 +126,10 @@ def auto_lines(directory: Path = AUTO_DIR) -> list[str]:
         kept = f"{auto['diff']['mean'] / best['diff']['mean']:.0%}" if ahead else "(no selector ahead)"
         d = decisions(runs, p) or {}
         hand = rows.get((p, HANDBACK))
-        cells = [_diff(diffs[b]) if b in diffs else "-" for b in buckets]
-        lines.append(f"| {p:,} | {auto['passes']:.1f} | {_diff(auto['diff'])} | " + " | ".join(cells)
-                     + f" | {best['strategy'] + ' ' + _diff(best['diff']) if best else '-'} | {kept} | "
-                     f"{_diff(hand['diff']) if hand else '-'} | {d.get('mean_share', float('nan')):.2f} | "
+        cells = [diff_cell(diffs[b]) if b in diffs else "-" for b in buckets]
+        lines.append(f"| {p:,} | {auto['passes']:.1f} | {diff_cell(auto['diff'])} | " + " | ".join(cells)
+                     + f" | {best['strategy'] + ' ' + diff_cell(best['diff']) if best else '-'} | {kept} | "
+                     f"{diff_cell(hand['diff']) if hand else '-'} | {d.get('mean_share', float('nan')):.2f} | "
                      f"{d.get('final_share', float('nan')):.2f} | {d.get('final_transfer', float('nan')):.2f} | "
                      f"{d.get('probe_share', float('nan')):.1%} |")
     return lines

@@ -145,7 +145,7 @@ def _ratio(summary: dict[str, Any] | None) -> str:
     return cell + f" ({'; '.join(notes)})"
 
 
-def _diff(d: dict[str, Any]) -> str:
+def diff_cell(d: dict[str, Any]) -> str:
     if d.get("mean") is None:
         return "-"
     if d.get("low") is None:
@@ -165,7 +165,7 @@ def table_lines(rows: list[dict[str, Any]]) -> list[str]:
              "completions to uniform's final accuracy (x uniform's) | to dynamic sampling's (x its) | "
              "training wall-clock | distinct prompts |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        diff = "(baseline)" if r["strategy"] == "uniform" else _diff(r["diff"])
+        diff = "(baseline)" if r["strategy"] == "uniform" else diff_cell(r["diff"])
         lines.append(f"| {r['composition']} {r['pool']:,} | {r['passes']:.1f} | {r['strategy']} | {r['seeds']} | "
                      f"{r['final']:.3f} | {diff} | {_ratio(r['to_uniform'])} | {_ratio(r['to_dynamic'])} | "
                      f"{_number(r['wall_s'], ' s')} | {_number(r['distinct'])} |")
@@ -229,7 +229,7 @@ def policy_lines(directory: Path = PASSES_DIR) -> list[str]:
         for row in (demo.get((r["composition"], r["pool"], r["strategy"])), r):
             if row is None:
                 continue
-            diff = "(baseline)" if row["strategy"] == "uniform" else _diff(row["diff"])
+            diff = "(baseline)" if row["strategy"] == "uniform" else diff_cell(row["diff"])
             lines.append(f"| {row['composition']} {row['pool']:,} | {row['passes']:.1f} | {row['strategy']} | "
                          f"{policy_label(row['policy'])} | {row['seeds']} | {row['final']:.3f} | {diff} | "
                          f"{_ratio(row['to_uniform'])} | {_number(row['wall_s'], ' s')} |")
@@ -329,7 +329,7 @@ def add(study_json: Path, directory: Path = PASSES_DIR) -> Path:
     if len(cfg.pool_sizes) != 1:
         raise ValueError(f"{study_json}: one pool size per recorded study, got {cfg.pool_sizes}")
     keep = {k: study[k] for k in ("config", "warm_start", "degeneracy", "runs", "environment") if k in study}
-    keep["policy"] = _recorded_policy(cfg, str(study.get("warm_start", "")))
+    keep["policy"] = recorded_policy(cfg, str(study.get("warm_start", "")))
     suffix = "" if keep["policy"] == demo_policy() else f"_h{keep['policy']['hidden_size']}l{keep['policy']['num_hidden_layers']}"
     path = directory / f"{composition(cfg)}_pool{cfg.pool_sizes[0]}{suffix}.json"
     directory.mkdir(parents=True, exist_ok=True)
@@ -337,7 +337,7 @@ def add(study_json: Path, directory: Path = PASSES_DIR) -> Path:
     return path
 
 
-def _recorded_policy(cfg: StudyConfig, warm_start: str) -> dict[str, Any]:
+def recorded_policy(cfg: StudyConfig, warm_start: str) -> dict[str, Any]:
     """The size of the study's warm start: its checkpoint's ``config.json``, or the tiny policy of ``cfg.tiny``."""
     import json
 

@@ -108,7 +108,7 @@ def test_study_config_runs_and_quick():
     assert RunSpec("history", 1000, 0).name not in names
     assert StudyConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
     default = StudyConfig()
-    assert len(default.runs()) == 20 * 3 + 7 * 3  # the study's design: 81 runs
+    assert len(default.runs()) == 22 * 3 + 7 * 3  # the study's design: 87 runs
     quick = StudyConfig.quick()
     assert len(quick.runs()) == 20 and quick.budget_completions < cfg.budget_completions
     with pytest.raises(ValueError, match="unknown strategies"):
