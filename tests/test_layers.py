@@ -226,7 +226,7 @@ def test_the_benchmarks_import_graph_sees_the_benchmarks():
     assert "benchmarks.study.recorded" in graph["benchmarks.study.passes"]  # a function-level import
     assert "benchmarks.study.trl_tables" in graph["benchmarks.time_to_trl"]
     back = {**graph, "benchmarks.study.passes": graph["benchmarks.study.passes"] | {"benchmarks.study.docs"}}
-    assert ["benchmarks.study.docs", "benchmarks.study.passes"] in _circles(back)
+    assert any({"benchmarks.study.docs", "benchmarks.study.passes"} <= set(c) for c in _circles(back))
 
 
 def test_lit_rlft_never_imports_the_benchmarks():

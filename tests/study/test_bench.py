@@ -110,7 +110,7 @@ def test_study_config_runs_and_quick():
     default = StudyConfig()
     assert len(default.runs()) == 22 * 3 + 7 * 3  # the study's design: 87 runs
     quick = StudyConfig.quick()
-    assert len(quick.runs()) == 20 and quick.budget_completions < cfg.budget_completions
+    assert len(quick.runs()) == 22 and quick.budget_completions < cfg.budget_completions
     with pytest.raises(ValueError, match="unknown strategies"):
         StudyConfig(strategies=["nope"])
 
