@@ -3,8 +3,8 @@
 Composes with any selection callback listed before it (``[MoPPSCallback(...), AutoShareCallback()]``): after the
 selector has scheduled the next batch, :class:`~lit_rlft.selection.auto.ShareController`'s share of it is kept and the
 rest is replaced by the next prompts of the plan's uniform order, the *control slice*. After each step the two
-slices' fresh groups are compared (informative share, and the selector's coverage of the pool) and the share moves
-towards the slice that taught more per completion. The selector still observes every trained group, the control
+slices' fresh groups are compared (their informative share, weighed by how much of the learning transfers to
+held-back prompts) and the share moves towards the slice that taught more per completion. The selector still observes every trained group, the control
 slice's included, so its beliefs keep up with prompts it did not pick.
 
 The control slice is trained on like the rest of the batch: its completions are training completions
