@@ -12,7 +12,9 @@ towards the slice that is worth more:
   per step), so a slice with no evidence counts 1/2.
 - **Transfer** ``tau`` (:class:`Transfer`): how much of what the policy gains on the prompts it trains on it also
   gains on prompts it never trains on, ``slope(held-back success) / slope(trained-pool success)`` over the run,
-  clipped to ``[0, 1]``: a held-back slice of the pool probed now and then against the control slice's success.
+  clipped to ``[0, 1]``: a held-back slice of the pool probed now and then against the control slice's success,
+  the held-back slope counted at one standard error above its estimate (``tau`` stays at 1 until the evidence
+  says otherwise).
   Selection concentrates the update on the prompts it picks; once the policy fits what it trains on faster than it
   generalises (``tau`` falls: the training reward rises, held-out accuracy does not), the extra signal the selector
   finds goes into memorising them.
@@ -39,7 +41,7 @@ import numpy as np
 
 from lit_rlft.selection.base import check_num_prompts, check_version, validate_num_prompts
 
-__all__ = ["ShareController", "ShareSignal", "Transfer", "split_batch"]
+__all__ = ["ShareController", "ShareSignal", "Transfer", "probe_variance", "split_batch"]
 
 _LOG2 = math.log(2.0)
 
@@ -84,7 +86,7 @@ class ShareController:
     """
 
     def __init__(self, num_prompts: int, initial_share: float = 0.5, min_selected: float = 0.125,
-                 min_control: float = 0.25, rate: float = 0.25, horizon: float = 32.0):
+                 min_control: float = 0.125, rate: float = 0.25, horizon: float = 32.0):
         self.num_prompts = validate_num_prompts(num_prompts)
         if not 0.0 < min_selected < 1.0 or not 0.0 < min_control < 1.0 or min_selected + min_control >= 1.0:
             raise ValueError("`min_selected` and `min_control` must lie in (0, 1) with min_selected + min_control "
@@ -185,39 +187,75 @@ class Transfer:
     The held-back success is probed now and then (:meth:`add_probe`: a fixed set of pool prompts that is never
     trained on, rolled out under the current policy); the trained pool's comes free from the control slice (a
     uniform sample of the pool: :meth:`add_pool`, one mean success per step). Each slope is the least-squares slope
-    against the step; ``tau = clip(slope_held / slope_pool, 0, 1)``, 1 while either has fewer than ``min_points``
-    points or the pool's success is not rising (nothing learned, so nothing that fails to transfer).
+    against the step. The held-back slope is the noisy one (a few prompts, a few completions each), so it is counted
+    at its upper bound, ``b_held + z * se(b_held)`` (``se`` from the probes' binomial variances): ``tau`` stays at 1
+    until the evidence says the held-back prompts gain less than the trained ones::
+
+        tau = clip((b_held + z * se(b_held)) / b_pool, 0, 1)
+
+    1 while either has fewer than ``min_points`` points or the pool's success is not rising (nothing learned, so
+    nothing that fails to transfer).
+
+    Args:
+        min_points: probes (and control slices) before ``tau`` is measured.
+        z: standard errors of the held-back slope given the benefit of the doubt (0: the point estimate).
     """
 
-    def __init__(self, min_points: int = 3):
-        self.min_points = int(min_points)
-        self.probes: list[tuple[float, float]] = []  # (step, held-back success)
+    def __init__(self, min_points: int = 3, z: float = 1.0):
+        if int(min_points) != min_points or min_points < 2:
+            raise ValueError(f"`min_points` must be an integer >= 2 (a slope needs two), got {min_points!r}")
+        if not z >= 0.0:
+            raise ValueError(f"`z` must be >= 0, got {z}")
+        self.min_points, self.z = int(min_points), float(z)
+        self.probes: list[tuple[float, float, float]] = []  # (step, held-back success, its variance)
         self.pool: list[tuple[float, float, float]] = []  # (step, control slice success, groups)
 
-    def add_probe(self, step: int, success: float) -> None:
-        self.probes.append((float(step), float(success)))
+    def add_probe(self, step: int, success: float, variance: float = 0.0) -> None:
+        """One probe: the held-back prompts' mean success at ``step`` and the variance of that mean."""
+        if not variance >= 0.0:
+            raise ValueError(f"a probe's variance must be >= 0, got {variance}")
+        self.probes.append((float(step), float(success), float(variance)))
 
     def add_pool(self, step: int, success: float, groups: int) -> None:
         if groups > 0:
             self.pool.append((float(step), float(success), float(groups)))
 
+    def held_slope(self) -> tuple[float, float]:
+        """``(b_held, se(b_held))``: the held-back success's slope per step and its standard error."""
+        probes = np.array(self.probes)
+        x, y, v = probes[:, 0], probes[:, 1], probes[:, 2]
+        dx = x - x.mean()
+        sxx = float(np.sum(dx * dx))
+        if sxx <= 0.0:
+            return 0.0, 0.0
+        return float(np.sum(dx * (y - y.mean())) / sxx), float(math.sqrt(np.sum(dx * dx * v)) / sxx)
+
     @property
     def value(self) -> float:
         if len(self.probes) < self.min_points or len(self.pool) < self.min_points:
             return 1.0
-        held = _slope(np.array(self.probes)[:, 0], np.array(self.probes)[:, 1])
+        held, se = self.held_slope()
         pool = np.array(self.pool)
         trained = _slope(pool[:, 0], pool[:, 1], pool[:, 2])
         if not trained > 0.0:
             return 1.0
-        return float(min(1.0, max(0.0, held / trained)))
+        return float(min(1.0, max(0.0, (held + self.z * se) / trained)))
 
     def state_dict(self) -> dict[str, Any]:
         return {"probes": [list(p) for p in self.probes], "pool": [list(p) for p in self.pool]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.probes = [tuple(float(v) for v in p) for p in state["probes"]]
+        self.probes = [tuple(float(v) for v in (list(p) + [0.0])[:3]) for p in state["probes"]]
         self.pool = [tuple(float(v) for v in p) for p in state["pool"]]
+
+
+def probe_variance(rates: np.ndarray, num_generations: int) -> float:
+    """The variance of the mean of ``K`` success rates ``[K]``, each from ``num_generations`` completions:
+    ``sum r (1 - r) / (G - 1) / K^2`` (the unbiased binomial estimate; 0 for ``G = 1``)."""
+    rates = np.asarray(rates, dtype=np.float64).reshape(-1)
+    if rates.size == 0 or num_generations < 2:
+        return 0.0
+    return float(np.sum(rates * (1.0 - rates)) / (num_generations - 1) / rates.size ** 2)
 
 
 def _slope(x: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> float:

@@ -105,8 +105,10 @@ class StepContext(Protocol):
         charged to the budget under ``purpose``."""
         ...
 
-    def success_rates(self, prompt_ids: np.ndarray, purpose: str = "reference") -> np.ndarray:
-        """Roll out ``prompt_ids`` ``[K]`` (any ``K``, a collective call) and return their success rates ``[K]``."""
+    def success_rates(self, prompt_ids: np.ndarray, purpose: str = "reference",
+                      num_generations: int | None = None) -> np.ndarray:
+        """Roll out ``prompt_ids`` ``[K]`` (any ``K``, a collective call), ``num_generations`` completions each
+        (default ``G``), and return their success rates ``[K]``."""
         ...
 
     def log(self, metrics: Mapping[str, float]) -> None:

@@ -210,11 +210,13 @@ class GRPOStep:
         return self.rollouts.rollout(prompt_ids, self.rollout_step, purpose, sampling=self.generation.sampling,
                                      num_generations=num_generations or self.num_generations)
 
-    def success_rates(self, prompt_ids: np.ndarray, purpose: str = "reference") -> np.ndarray:
-        """Roll out ``prompt_ids`` ``[K]`` under the current policy (any ``K``, a collective call); their success rates
-        ``[K]``, charged under ``purpose`` (DOTS' reference sets)."""
-        return self.rollouts.success_rates(prompt_ids, self.rollout_step, purpose, self.num_generations,
-                                           self.generation.sampling)
+    def success_rates(self, prompt_ids: np.ndarray, purpose: str = "reference",
+                      num_generations: int | None = None) -> np.ndarray:
+        """Roll out ``prompt_ids`` ``[K]`` under the current policy (any ``K``, a collective call), ``num_generations``
+        completions each (default ``G``); their success rates ``[K]``, charged under ``purpose`` (DOTS' reference
+        sets, ``auto``'s probes)."""
+        return self.rollouts.success_rates(prompt_ids, self.rollout_step, purpose,
+                                           num_generations or self.num_generations, self.generation.sampling)
 
     def plan_batch(self) -> np.ndarray:
         """The global prompt ids ``[B]`` of the next planned batch (callbacks wrote it). The ids and the plan's state

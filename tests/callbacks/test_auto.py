@@ -65,12 +65,16 @@ def test_it_charges_its_probes_to_the_budget_and_counts_the_control_slices(tmp_p
     alone = FakeContext(tmp_path)
     _drive(alone, [DPSCallback(candidate_ratio=2)], steps=6)
     ctx = FakeContext(tmp_path)
-    auto = AutoShareCallback(probe_every=2)
+    auto = AutoShareCallback(probe_budget=0.2, probe_generations=2)
     _drive(ctx, [DPSCallback(candidate_ratio=2), auto], steps=6)
-    # pool 48: 3 held-back prompts (1/16), probed before step 0 and after steps 2, 4 and 6
+    # pool 48: 3 held-back prompts (1/16), 2 completions each: a probe costs 6 completions; each step trains
+    # B G = 16. Probed before step 0 (6 spent), then after a step that leaves them under 0.2 of the trained ones:
+    # after step 2 (6 < 6.4: 12 spent), step 4 (12 < 12.8: 18) and step 6 (18 < 19.2: 24), not after 1, 3, 5
     assert auto.held.size == 3 and len(auto.transfer.probes) == 4
-    assert ctx.budget.by_purpose["auto"] == 4 * 3 * G
-    assert ctx.budget.completions == alone.budget.completions + 4 * 3 * G
+    assert [p[0] for p in auto.transfer.probes] == [0, 2, 4, 6]
+    assert ctx.budget.by_purpose["auto"] == 4 * 3 * 2 == auto.probe_completions
+    assert auto.trained_completions == 6 * 4 * G
+    assert ctx.budget.completions == alone.budget.completions + 4 * 3 * 2
     assert len([h for h in ctx.history if "auto/held_back_success" in h]) == 3
     # initial share 1/2 of B = 4: 2 control groups of G completions at the first step
     controls = [h for h in ctx.history if "auto/control_completions" in h]
@@ -101,8 +105,10 @@ def test_it_must_come_after_the_selector(tmp_path):
         AutoShareCallback(initial_share=0.95)
     with pytest.raises(ValueError, match="holdout"):
         AutoShareCallback(holdout=0)
-    with pytest.raises(ValueError, match="probe_every"):
-        AutoShareCallback(probe_every=0)
+    with pytest.raises(ValueError, match="probe_budget"):
+        AutoShareCallback(probe_budget=0.0)
+    with pytest.raises(ValueError, match="probe_generations"):
+        AutoShareCallback(probe_generations=1)
 
 
 def test_its_state_resumes_the_same_split(tmp_path):

@@ -92,8 +92,9 @@ class FakeContext:
         self.budget.add(b, n, n * L_MAX, 0.0, purpose)
         return roll, OutcomeRecord.from_rollouts(roll)
 
-    def success_rates(self, prompt_ids: np.ndarray, purpose: str = "reference") -> np.ndarray:
-        return self.rollout(prompt_ids, purpose)[1].success_rates.numpy()
+    def success_rates(self, prompt_ids: np.ndarray, purpose: str = "reference",
+                      num_generations: int | None = None) -> np.ndarray:
+        return self.rollout(prompt_ids, purpose, num_generations)[1].success_rates.numpy()
 
     def log(self, metrics: Mapping[str, float]) -> None:
         self.logged.update(metrics)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from lit_rlft.selection.auto import ShareController, Transfer, split_batch
+from lit_rlft.selection.auto import ShareController, Transfer, probe_variance, split_batch
 
 
 def test_first_step_signal_by_hand():
@@ -67,7 +67,7 @@ def test_the_share_rises_where_selection_pays():
     # the selector's groups are twice as often informative and spread over the whole pool
     c = ShareController(num_prompts=1000)
     shares = _stream(c, 150, p_sel=0.5, p_ctrl=0.25, focus=1000, rng=np.random.default_rng(1))
-    assert shares[-1] == pytest.approx(0.75)  # 1 - min_control
+    assert shares[-1] == pytest.approx(0.875)  # 1 - min_control
     assert shares[20] > 0.6
 
 
@@ -117,6 +117,33 @@ def test_transfer_is_the_slope_ratio_of_held_back_over_trained_success():
     u = Transfer()
     u.load_state_dict(t.state_dict())
     assert u.value == t.value
+
+
+def test_a_noisy_held_back_slope_is_given_one_standard_error_of_doubt():
+    # probes at steps 0, 10, 20 with variances .0004, .0001, .0004: dx = -10, 0, 10, Sxx = 200,
+    # slope (0.14 - 0.10) / 20 = .002, se = sqrt(100 * .0004 + 100 * .0004) / 200 = sqrt(.08) / 200
+    t = Transfer(min_points=3, z=1.0)
+    for step, held, var in [(0, 0.10, 4e-4), (10, 0.12, 1e-4), (20, 0.14, 4e-4)]:
+        t.add_probe(step, held, var)
+    for step in range(3):
+        t.add_pool(step, 0.20 + 0.01 * step, 8)  # pool slope .01
+    b, se = t.held_slope()
+    assert b == pytest.approx(0.002) and se == pytest.approx(np.sqrt(0.08) / 200)
+    assert t.value == pytest.approx((0.002 + np.sqrt(0.08) / 200) / 0.01)
+    assert Transfer(min_points=3, z=0.0).value == 1.0  # not measured yet
+    exact = Transfer(min_points=3, z=0.0)
+    exact.load_state_dict(t.state_dict())
+    assert exact.value == pytest.approx(0.2)  # the point estimate
+    doubtful = Transfer(min_points=3, z=6.0)
+    doubtful.load_state_dict(t.state_dict())
+    assert doubtful.value == 1.0  # six standard errors cover a held-back slope as steep as the pool's
+
+
+def test_probe_variance_is_the_binomial_variance_of_the_mean():
+    # rates .5 and .25 from 4 completions each: (.25 + .1875) / 3 / 4
+    assert probe_variance(np.array([0.5, 0.25]), 4) == pytest.approx((0.25 + 0.1875) / 3 / 4)
+    assert probe_variance(np.array([0.0, 1.0]), 4) == 0.0
+    assert probe_variance(np.array([0.5]), 1) == 0.0
 
 
 def test_no_transfer_is_measured_while_the_pool_does_not_improve():
