@@ -39,9 +39,18 @@ FIGURE = REPO / "docs" / "results" / "auto_share.png"
 AUTO, SELECTORS, HANDBACK = "auto", ("mopps", "dps_c8"), "dps_c8_handback"
 
 
-def add(study_json: Path, directory: Path = AUTO_DIR) -> list[Path]:
+#: Settings a merged study may differ in from the recorded one (which arms and seeds ran).
+_ARM_KEYS = ("strategies", "seeds", "sweep_seeds", "sweep_strategies", "strategy_seeds", "jobs", "run_timeout_s")
+
+
+def add(study_json: Path, directory: Path = AUTO_DIR, merge: bool = False) -> list[Path]:
     """Record a finished ``python -m benchmarks.study`` (``<out>/study.json``) as one file per pool size,
-    ``<composition>_pool<size>.json`` in ``directory``."""
+    ``<composition>_pool<size>.json`` in ``directory``.
+
+    ``merge``: keep the recorded file's runs of the arms and seeds the new study did not run (its runs replace the
+    recorded ones of the same arm and seed). The two must share the warm start's policy and every setting but the
+    arms and seeds, and a uniform run of a seed both ran must give the same curve but for its clock readings (the
+    warm start reproduces), or the merge is refused."""
     from benchmarks.study.passes import composition, recorded_policy
 
     study = read_json(study_json)
@@ -58,9 +67,38 @@ def add(study_json: Path, directory: Path = AUTO_DIR) -> list[Path]:
         keep.update(config=config, policy=policy, runs=[r for r in study["runs"] if r.get("pool_size") == size],
                     degeneracy={str(size): (study.get("degeneracy") or {}).get(str(size))})
         path = directory / f"{composition(cfg)}_pool{size}.json"
+        if merge and path.exists():
+            keep = _merged(path, keep)
         path.write_text(json.dumps(keep, separators=(",", ":"), allow_nan=False), encoding="utf-8")
         paths.append(path)
     return paths
+
+
+def _merged(path: Path, new: dict[str, Any]) -> dict[str, Any]:
+    """``new`` (one pool of a study) with the runs of ``path`` it does not replace; see :func:`add`."""
+    old = read_json(path) or {}
+    if old.get("policy") != new["policy"]:
+        raise ValueError(f"{path}: recorded with policy {old.get('policy')}, the new study's is {new['policy']}")
+    differ = sorted(k for k in set(old.get("config", {})) | set(new["config"])
+                    if k not in _ARM_KEYS and old.get("config", {}).get(k) != new["config"].get(k))
+    if differ:
+        raise ValueError(f"{path}: the new study differs from the recorded one in {differ}; only arms and seeds may")
+    fresh = {(r["strategy"], int(r["seed"])): r for r in new["runs"]}
+    for r in old.get("runs", []):
+        twin = fresh.get((r["strategy"], int(r["seed"])))
+        if r["strategy"] == "uniform" and twin is not None and _untimed(twin) != _untimed(r):
+            raise ValueError(f"{path}: uniform seed {r['seed']} ran to another curve than the recorded one: the warm "
+                             "start does not reproduce here, so the recorded arms cannot stand beside the new ones")
+    runs = [r for r in old.get("runs", []) if (r["strategy"], int(r["seed"])) not in fresh] + new["runs"]
+    config = dict(new["config"])
+    config["strategies"] = list(dict.fromkeys([*old["config"]["strategies"], *new["config"]["strategies"]]))
+    config["seeds"] = sorted({*old["config"]["seeds"], *new["config"]["seeds"]})
+    return {**old, **{k: v for k, v in new.items() if k != "runs"}, "config": config, "runs": runs}
+
+
+def _untimed(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """A run's curve without its clock readings (``wall_s``, ``eval_s``: they differ between two runs of one seed)."""
+    return [{k: v for k, v in point.items() if not k.endswith("_s")} for point in run.get("curve", [])]
 
 
 def _runs(directory: Path) -> dict[tuple[int, str], dict[int, dict[str, Any]]]:
@@ -196,9 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--figure", type=Path, default=FIGURE, help=f"where the figure goes (default {FIGURE})")
     p.add_argument("--add", type=Path, nargs="*", default=[], metavar="STUDY_JSON",
                    help="record finished studies (their study.json) in --dir first, one file per pool")
+    p.add_argument("--merge", action="store_true",
+                   help="keep the recorded runs of the arms and seeds a study added with --add did not run")
     a = p.parse_args(argv)
     for path in a.add:
-        for recorded in add(path, a.dir):
+        for recorded in add(path, a.dir, merge=a.merge):
             print(f"recorded {recorded}")
     print("\n".join(block(a.dir)))
     print(f"wrote {plot(a.dir, a.figure)}")

@@ -80,3 +80,30 @@ def test_the_study_report_says_what_auto_decided_per_seed():
     assert rows[2:] == ["| auto | 0 | 0.38 | 0.25 | 0.50 | 3,840 (10.0%) |",
                         "| auto | 1 | 0.65 | 0.70 | 0.50 | 3,840 (10.0%) |"]
     assert auto_rows(runs[2:], ["uniform"]) == []
+
+
+def test_a_merged_study_replaces_its_arms_and_keeps_the_rest(recorded, tmp_path):
+    cfg = StudyConfig.skewed(strategies=["uniform", "auto", "dps_c8_handback"], seeds=[0, 3],
+                             pool_sizes=[1000], sweep_seeds=2)
+    again = _run("uniform", 1000, 0, 0.30, 0.10)
+    again["curve"][-1]["wall_s"] = 99.0  # another clock, the same run
+    runs = [again, _run("auto", 1000, 0, 0.50, 0.2, share=[0.5], probe=100),
+            _run("dps_c8_handback", 1000, 3, 0.33, 0.1)]
+    study = tmp_path / "again.json"
+    write_json(study, {"config": cfg.to_dict(), "warm_start": "tiny", "runs": runs})
+    merged = read_json(auto.add(study, recorded, merge=True)[0])
+    by = {(r["strategy"], r["seed"]): r for r in merged["runs"]}
+    assert sorted(by) == sorted([("uniform", s) for s in (0, 1, 2)] + [("mopps", s) for s in (0, 1, 2)]
+                                + [("auto", s) for s in (0, 1, 2)] + [("dps_c8_handback", 3)])
+    assert by[("auto", 0)]["curve"][-1][ACC] == 0.50 and by[("auto", 1)]["curve"][-1][ACC] == 0.35
+    assert merged["config"]["strategies"] == ["uniform", "mopps", "auto", "dps_c8_handback"]
+    assert merged["config"]["seeds"] == [0, 1, 2, 3]
+    # a uniform seed that ran to another curve: the warm start does not reproduce, nothing is merged
+    write_json(study, {"config": cfg.to_dict(), "warm_start": "tiny", "runs": [_run("uniform", 1000, 1, 0.9, 0.1)]})
+    with pytest.raises(ValueError, match="does not reproduce"):
+        auto.add(study, recorded, merge=True)
+    other = StudyConfig.skewed(strategies=["uniform"], seeds=[0], pool_sizes=[1000], sweep_seeds=1,
+                               budget_completions=1000)
+    write_json(study, {"config": other.to_dict(), "warm_start": "tiny", "runs": []})
+    with pytest.raises(ValueError, match="budget_completions"):
+        auto.add(study, recorded, merge=True)
