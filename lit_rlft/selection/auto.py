@@ -20,9 +20,12 @@ towards the slice that is worth more:
   finds goes into memorising them.
 - The **signal** ``R = tau * e_sel / e_ctrl``: the selected slice's informative completions per completion, counted
   as far as learning transfers, over the control slice's. ``R > 1``: the selector's completions teach more than
-  uniform's; ``R < 1``: they do not.
+  uniform's; ``R < 1``: they do not. The selector the user chose is given the benefit of the doubt: the share
+  moves by ``log R + z se(log e_sel / e_ctrl)``, the informative ratio's standard error from its discounted counts
+  (``se(log e)^2 = (1 - e) / (e (N + 2))``), so a few noisy steps early in the run, before the selector has
+  learned anything, do not take its share away.
 
-The share moves in logit space, ``logit(s) += rate * clip(log R, -log 2, log 2)``, bounded to
+The share moves in logit space, ``logit(s) += rate * clip(log R + z se, -log 2, log 2)``, bounded to
 ``[min_selected, 1 - min_control]``: bounded steps, no threshold in passes or steps. Both slices keep a share, so
 both stay measured (the selector's probe can earn its share back; the control slice never stops measuring).
 
@@ -83,10 +86,11 @@ class ShareController:
         min_control: the least share drawn uniformly (the measurement never stops).
         rate: logit change per unit of ``log R`` per step.
         horizon: steps of the discounted counts (each step's counts decay by ``1 - 1 / horizon``).
+        z: standard errors of the informative ratio given to the selector (0: the point estimate).
     """
 
     def __init__(self, num_prompts: int, initial_share: float = 0.5, min_selected: float = 0.125,
-                 min_control: float = 0.125, rate: float = 0.25, horizon: float = 32.0):
+                 min_control: float = 0.125, rate: float = 0.25, horizon: float = 32.0, z: float = 1.0):
         self.num_prompts = validate_num_prompts(num_prompts)
         if not 0.0 < min_selected < 1.0 or not 0.0 < min_control < 1.0 or min_selected + min_control >= 1.0:
             raise ValueError("`min_selected` and `min_control` must lie in (0, 1) with min_selected + min_control "
@@ -98,6 +102,9 @@ class ShareController:
             raise ValueError(f"`rate` must be > 0, got {rate}")
         if not horizon >= 1.0:
             raise ValueError(f"`horizon` must be >= 1 step, got {horizon}")
+        if not z >= 0.0:
+            raise ValueError(f"`z` must be >= 0, got {z}")
+        self.z = float(z)
         self.min_selected, self.min_control = float(min_selected), float(min_control)
         self.rate, self.horizon = float(rate), float(horizon)
         self.decay = 1.0 - 1.0 / self.horizon
@@ -118,6 +125,11 @@ class ShareController:
         """``(e_sel, e_ctrl)``: the discounted informative shares with their Laplace prior."""
         e = (self.informative + 1.0) / (self.groups + 2.0)
         return float(e[0]), float(e[1])
+
+    def ratio_error(self) -> float:
+        """``se(log e_sel / e_ctrl)``: the informative ratio's standard error, from the discounted counts."""
+        e = (self.informative + 1.0) / (self.groups + 2.0)
+        return float(math.sqrt(np.sum((1.0 - e) / (e * (self.groups + 2.0)))))
 
     def coverage(self) -> float:
         """``D = min(1, 1 / (S q))``: 1 until two of the selected draws fall on the same prompt."""
@@ -160,7 +172,7 @@ class ShareController:
             raise ValueError(f"`transfer` must lie in [0, 1], got {transfer}")
         coverage = self.coverage()
         ratio = max(transfer * e_sel / e_ctrl, 1e-6)
-        step = self.rate * min(_LOG2, max(-_LOG2, math.log(ratio)))
+        step = self.rate * min(_LOG2, max(-_LOG2, math.log(ratio) + self.z * self.ratio_error()))
         self.logit = min(_logit(1.0 - self.min_control), max(_logit(self.min_selected), self.logit + step))
         self.last = ShareSignal(self.share, ratio, e_sel, e_ctrl, float(transfer), coverage)
         return self.last
@@ -201,7 +213,7 @@ class Transfer:
         z: standard errors of the held-back slope given the benefit of the doubt (0: the point estimate).
     """
 
-    def __init__(self, min_points: int = 3, z: float = 1.0):
+    def __init__(self, min_points: int = 4, z: float = 1.0):
         if int(min_points) != min_points or min_points < 2:
             raise ValueError(f"`min_points` must be an integer >= 2 (a slope needs two), got {min_points!r}")
         if not z >= 0.0:

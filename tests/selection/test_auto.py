@@ -20,7 +20,13 @@ def test_first_step_signal_by_hand():
     assert s.coverage == 1.0  # no prompt drawn twice
     assert s.transfer == 0.75
     assert s.ratio == pytest.approx(0.75 * 0.6 / 0.5)
-    assert s.share == pytest.approx(1 / (1 + math.exp(-0.5 * math.log(0.9))))
+    # the informative ratio's standard error: (1 - .6) / (.6 * 5) + (1 - .5) / (.5 * 4), one of it to the selector
+    se = math.sqrt(0.4 / 3.0 + 0.5 / 2.0)
+    assert c.ratio_error() == pytest.approx(se)
+    assert s.share == pytest.approx(1 / (1 + math.exp(-0.5 * (math.log(0.9) + se))))
+    exact = ShareController(num_prompts=10, initial_share=0.5, rate=0.5, horizon=2.0, z=0.0)
+    e = exact.observe(np.array([0, 1, 2]), np.array([0.5, 0.25, 1.0]), np.array([0.0, 0.5]), transfer=0.75)
+    assert e.share == pytest.approx(1 / (1 + math.exp(-0.5 * math.log(0.9))))
     # a step later: counts discounted by 1 - 1/horizon = 0.5 before the new ones are added
     s = c.observe(np.array([3]), np.array([0.5]), np.array([0.0]))
     assert s.informative_selected == pytest.approx((2 * 0.5 + 1 + 1) / (3 * 0.5 + 1 + 2))
