@@ -4,6 +4,7 @@
         --pool-sizes 1000,200,400,4000 --strategies uniform,mopps,dps_c8_handback,auto --seeds 0,1,2,3,4 \\
         --sweep-seeds 5 --jobs 2
     python -m benchmarks.study.auto --add runs/auto_map/study.json   # record it, one file per pool
+    python -m benchmarks.study.auto --merge --add runs/again/study.json  # a later study of some arms joins them
     python -m benchmarks.study.auto           # print the tables, rewrite docs/results/auto_share.png
     python -m benchmarks.study.docs           # rewrite the pages' generated blocks, ``auto-pass-map`` included
 
