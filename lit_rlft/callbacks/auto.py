@@ -4,16 +4,16 @@ Composes with any selection callback listed before it (``[MoPPSCallback(...), Au
 selector has scheduled the next batch, :class:`~lit_rlft.selection.auto.ShareController`'s share of it is kept and the
 rest is replaced by the next prompts of the plan's uniform order, the *control slice*. After each step the two
 slices' fresh groups are compared (their informative share, weighed by how much of the learning transfers to
-held-back prompts) and the share moves towards the slice that taught more per completion. The selector still observes every trained group, the control
-slice's included, so its beliefs keep up with prompts it did not pick.
+held-back prompts) and the share moves towards the slice that taught more per completion. The selector still
+observes every trained group, the control slice's included, so its beliefs keep up with prompts it did not pick.
 
 The control slice is trained on like the rest of the batch: its completions are training completions
 (``auto/control_completions`` counts them). What is rolled out for measurement alone is the held-back probe: a fixed
 set of pool prompts (``holdout``, at most 1/16 of the pool) that is never trained on, rolled out before the first step
 and then whenever the probes so far have cost less than ``probe_budget`` of the completions trained on; those
 completions are charged to the run's budget under ``auto`` (``budget/completions_auto``), so a budgeted run trains on
-fewer completions by as many. The decision is made from the step's gathered record and the plan, both the same on every rank, with the
-callback's own seeded generator: every rank splits the batch identically.
+fewer completions by as many. The decision is made from the step's gathered record and the plan, both the same on
+every rank, with the callback's own seeded generator: every rank splits the batch identically.
 """
 
 from __future__ import annotations
