@@ -183,8 +183,8 @@ class AutoShareCallback(StepCallback):
         self.planned = {int(step): (np.asarray(p["selected"], dtype=np.int64), np.asarray(p["control"], dtype=np.int64))
                         for step, p in state["planned"].items()}
         self.control_completions = int(state["control_completions"])
-        self.trained_completions = int(state.get("trained_completions", 0))
-        self.probe_completions = int(state.get("probe_completions", 0))
+        self.trained_completions = int(state["trained_completions"])
+        self.probe_completions = int(state["probe_completions"])
         self.held = np.asarray(state["held"], dtype=np.int64)
         self.transfer.load_state_dict(state["transfer"])
         self.rng.bit_generator.state = state["rng"]

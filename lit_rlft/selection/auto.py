@@ -257,7 +257,7 @@ class Transfer:
         return {"probes": [list(p) for p in self.probes], "pool": [list(p) for p in self.pool]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.probes = [tuple(float(v) for v in (list(p) + [0.0])[:3]) for p in state["probes"]]
+        self.probes = [tuple(float(v) for v in p) for p in state["probes"]]
         self.pool = [tuple(float(v) for v in p) for p in state["pool"]]
 
 
